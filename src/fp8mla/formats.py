@@ -1,0 +1,164 @@
+"""Paged KV-cache formats, FP8 quantization and the cache writer.
+
+Every cache is paged: ``[num_pages, PAGE_SIZE, 1, row]`` (one KV head), pages reached through a block table.
+A row holds one token's 512 latent values (the "NoPE" part, also used as V) and its 64 RoPE values.
+
+``"bf16"``
+    ``[num_pages, 64, 1, 576]`` bfloat16: latent then RoPE (FlashMLA's layout).
+``"fp8"``
+    ``[num_pages, 64, 1, 576]`` float8_e4m3fn with one per-tensor ``descale_k`` (shape ``[1]``, fp32): what
+    vLLM's ``--kv-cache-dtype fp8`` stores. value = fp8 * descale_k, RoPE included.
+``"fp8_rope_bf16"``
+    ``[num_pages, 64, 1, 656]`` uint8, one 656-byte row per token (656 = 41 * 16, so rows stay 16-byte
+    aligned for TMA)::
+
+        bytes [  0, 512)  latent, float8_e4m3fn
+        bytes [512, 516)  the token's latent descale, float32 (latent value = fp8 * descale)
+        bytes [516, 528)  zero padding
+        bytes [528, 656)  RoPE, 64 x bfloat16 (kept exact)
+
+    The scale is per token, so appending a token never rescales old ones, and the RoPE part never shares a
+    scale with the latent part (one large RoPE value would otherwise crush the latent values into a few FP8
+    levels: see README).
+"""
+from __future__ import annotations
+
+import torch
+
+PAGE_SIZE = 64
+D_LATENT = 512  # also head_dim_v
+D_ROPE = 64
+D_QK = D_LATENT + D_ROPE
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+FP8_DTYPE = torch.float8_e4m3fn
+
+# fp8_rope_bf16 row layout, in bytes
+ROW_BYTES = 656
+SCALE_OFFSET = 512
+ROPE_OFFSET = 528
+
+KV_FORMATS = ("bf16", "fp8", "fp8_rope_bf16")
+_ROW_WIDTH = {"bf16": D_QK, "fp8": D_QK, "fp8_rope_bf16": ROW_BYTES}
+_ROW_DTYPE = {"bf16": torch.bfloat16, "fp8": FP8_DTYPE, "fp8_rope_bf16": torch.uint8}
+
+
+def infer_kv_format(k_cache: torch.Tensor, kv_format: str | None = None) -> str:
+    """The cache's format: ``kv_format`` when given (checked against the tensor), else from dtype and width."""
+    if kv_format is None:
+        for name, dtype in _ROW_DTYPE.items():
+            if k_cache.dtype == dtype and k_cache.shape[-1] == _ROW_WIDTH[name]:
+                return name
+        raise TypeError(
+            f"cannot infer the KV-cache format from dtype {k_cache.dtype} and row width {k_cache.shape[-1]}: "
+            f"expected bf16 [.., 576], float8_e4m3fn [.., 576] or uint8 [.., {ROW_BYTES}] (fp8_rope_bf16)")
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
+    want_dtype, want_width = _ROW_DTYPE[kv_format], _ROW_WIDTH[kv_format]
+    if k_cache.dtype != want_dtype or k_cache.shape[-1] != want_width:
+        raise TypeError(f"kv_format {kv_format!r} needs a {want_dtype} cache with rows of {want_width}, "
+                        f"got {k_cache.dtype} rows of {k_cache.shape[-1]}")
+    return kv_format
+
+
+def empty_kv_cache(num_pages: int, kv_format: str, device=None) -> torch.Tensor:
+    """An uninitialised paged cache of ``num_pages`` pages in ``kv_format``."""
+    if kv_format not in KV_FORMATS:
+        raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
+    return torch.empty(num_pages, PAGE_SIZE, 1, _ROW_WIDTH[kv_format], dtype=_ROW_DTYPE[kv_format], device=device)
+
+
+def quantize_fp8_per_tensor(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(x_fp8, descale)`` with descale = amax / 448 (NaNs ignored for the amax, kept in the values)."""
+    amax = x.detach().abs().float().nan_to_num(0.0).amax().clamp(min=1e-12)
+    descale = (amax / FP8_MAX).reshape(1)
+    return _to_fp8(x.float() / descale), descale
+
+
+def _to_fp8(x: torch.Tensor) -> torch.Tensor:
+    """Round to nearest even and saturate, as the GPU's cvt.rn.satfinite does."""
+    return x.clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def pack_fp8_rope_bf16(latent: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
+    """Rows of the ``fp8_rope_bf16`` format from ``latent [..., 512]`` and ``rope [..., 64]``."""
+    latent = latent.float()
+    amax = latent.abs().amax(dim=-1, keepdim=True)
+    descale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    rows = torch.zeros(*latent.shape[:-1], ROW_BYTES, dtype=torch.uint8, device=latent.device)
+    rows[..., :SCALE_OFFSET] = _to_fp8(latent / descale).view(torch.uint8)
+    rows[..., SCALE_OFFSET:SCALE_OFFSET + 4] = descale.view(torch.uint8)
+    rows[..., ROPE_OFFSET:] = rope.to(torch.bfloat16).contiguous().view(torch.uint8)
+    return rows
+
+
+def unpack_fp8_rope_bf16(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(latent_fp8, descale fp32 [..., 1], rope bf16)`` views of ``fp8_rope_bf16`` rows."""
+    latent = rows[..., :SCALE_OFFSET].view(FP8_DTYPE)
+    descale = rows[..., SCALE_OFFSET:SCALE_OFFSET + 4].contiguous().view(torch.float32)
+    rope = rows[..., ROPE_OFFSET:].contiguous().view(torch.bfloat16)
+    return latent, descale, rope
+
+
+def quantize_kv_cache(kv: torch.Tensor, kv_format: str) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Convert a ``[num_pages, 64, 1, 576]`` bf16/fp32 cache into ``kv_format``.
+
+    Returns ``(k_cache, descale_k)``; ``descale_k`` is the per-tensor ``[1]`` scale for ``"fp8"`` and None for
+    the formats that keep their scales inside the cache (or need none).
+    """
+    if kv.dim() != 4 or kv.shape[1] != PAGE_SIZE or kv.shape[2] != 1 or kv.shape[3] != D_QK:
+        raise ValueError(f"kv must be [num_pages, {PAGE_SIZE}, 1, {D_QK}], got {list(kv.shape)}")
+    if kv_format == "bf16":
+        return kv.to(torch.bfloat16).contiguous(), None
+    if kv_format == "fp8":
+        return quantize_fp8_per_tensor(kv)
+    if kv_format == "fp8_rope_bf16":
+        return pack_fp8_rope_bf16(kv[..., :D_LATENT], kv[..., D_LATENT:]), None
+    raise ValueError(f"kv_format must be one of {KV_FORMATS}, got {kv_format!r}")
+
+
+def dequantize_kv_cache(k_cache: torch.Tensor, descale_k: torch.Tensor | None = None,
+                        kv_format: str | None = None) -> torch.Tensor:
+    """The fp32 ``[num_pages, 64, 1, 576]`` values a cache of any format stands for."""
+    kv_format = infer_kv_format(k_cache, kv_format)
+    if kv_format == "bf16":
+        return k_cache.float()
+    if kv_format == "fp8":
+        if descale_k is None:
+            raise ValueError("the 'fp8' format needs descale_k")
+        return k_cache.float() * descale_k.float()
+    latent, descale, rope = unpack_fp8_rope_bf16(k_cache)
+    return torch.cat([latent.float() * descale, rope.float()], dim=-1)
+
+
+def write_kv_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                   kv_format: str | None = None, descale_k: torch.Tensor | None = None) -> None:
+    """Append tokens to a paged cache in place (vLLM's ``concat_and_cache_mla``).
+
+    ``kv_c [T, 512]`` latent and ``k_pe [T, 64]`` RoPE vectors (any float dtype) go to the cache rows
+    ``slot_mapping [T]`` (slot = page * 64 + offset; negative slots are skipped, as for padded tokens).
+    ``"fp8"`` needs the cache's per-tensor ``descale_k``; ``"fp8_rope_bf16"`` computes each token's scale.
+    Runs as one kernel with no host synchronisation, so it can be captured in a CUDA graph.
+    """
+    from .kernels.cache_writer import launch_write_kv_cache  # kernels import triton lazily
+
+    kv_format = infer_kv_format(k_cache, kv_format)
+    if not (k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE and k_cache.shape[2] == 1):
+        raise ValueError(f"k_cache must be [num_pages, {PAGE_SIZE}, 1, row], got {list(k_cache.shape)}")
+    if not k_cache.is_contiguous():
+        raise ValueError("k_cache must be contiguous")
+    if kv_c.dim() != 2 or kv_c.shape[1] != D_LATENT:
+        raise ValueError(f"kv_c must be [num_tokens, {D_LATENT}], got {list(kv_c.shape)}")
+    if k_pe.dim() != 2 or k_pe.shape != (kv_c.shape[0], D_ROPE):
+        raise ValueError(f"k_pe must be [num_tokens, {D_ROPE}] matching kv_c, got {list(k_pe.shape)}")
+    if slot_mapping.shape != (kv_c.shape[0],) or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_mapping must be an int32/int64 [{kv_c.shape[0]}] tensor")
+    if not kv_c.dtype.is_floating_point or not k_pe.dtype.is_floating_point:
+        raise TypeError("kv_c and k_pe must be floating point")
+    if kv_format == "fp8" and (descale_k is None or descale_k.numel() != 1):
+        raise ValueError("the 'fp8' format needs descale_k of shape [1]")
+    devices = {t.device for t in (kv_c, k_pe, k_cache, slot_mapping)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    if kv_c.shape[0] == 0:
+        return
+    launch_write_kv_cache(kv_c, k_pe, k_cache, slot_mapping, kv_format, descale_k)

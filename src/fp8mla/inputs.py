@@ -1,0 +1,71 @@
+"""Random decode problems, as the tests, the bench and the demo use them.
+
+Pages are handed out in a shuffled order (so a kernel that ignores the block table fails), every cache slot no
+request uses is NaN (so a kernel that reads past a sequence's pages fails), and the RoPE dims can be scaled up
+to model the large RoPE values real models have.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .formats import D_LATENT, D_QK, PAGE_SIZE, quantize_fp8_per_tensor, quantize_kv_cache
+
+
+@dataclass
+class DecodeProblem:
+    q: torch.Tensor             # [b, s_q, h_q, 576] bf16
+    kv: torch.Tensor            # [num_pages, 64, 1, 576] bf16, the unquantized cache (NaN where unused)
+    block_table: torch.Tensor   # [b, max_pages] int32, shuffled
+    cache_seqlens: torch.Tensor  # [b] int32
+
+    @property
+    def shape(self):
+        return tuple(self.q.shape[:3])
+
+    def quantized(self, kv_format: str, q_fp8: bool = False) -> dict:
+        """The kernel's inputs for ``kv_format``: ``q, k_cache, descale_q, descale_k`` (q pre-quantized to e4m3
+        with a per-tensor scale when ``q_fp8``, as vLLM's dense-FP8 path does)."""
+        k_cache, descale_k = quantize_kv_cache(self.kv, kv_format)
+        q, descale_q = (quantize_fp8_per_tensor(self.q) if q_fp8 else (self.q, None))
+        return dict(q=q, k_cache=k_cache, descale_q=descale_q, descale_k=descale_k)
+
+
+def make_seqlens(b: int, mean_sk: int, varlen: bool = False, generator: torch.Generator | None = None,
+                 device=None) -> torch.Tensor:
+    """``[b]`` int32 lengths: all ``mean_sk``, or for varlen drawn around it (FlashMLA's test: N(mean, mean/2),
+    clipped to [1, 2 * mean])."""
+    if not varlen:
+        return torch.full((b,), mean_sk, dtype=torch.int32, device=device)
+    lens = torch.normal(float(mean_sk), mean_sk / 2, (b,), generator=generator)
+    return lens.clamp(1, 2 * mean_sk).round().to(torch.int32).to(device)
+
+
+def make_problem(b: int, s_q: int, h_q: int, seqlens: torch.Tensor | list[int], device=None, rope_scale: float = 1.0,
+                 extra_pages: int = 2, seed: int | None = None) -> DecodeProblem:
+    """A random problem on ``device``: randn q and cache (bf16), shuffled pages, NaN in every unused slot."""
+    device = torch.device(device or "cpu")
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
+    seqlens = torch.as_tensor(seqlens, dtype=torch.int32).cpu()
+    pages = (seqlens.long() + PAGE_SIZE - 1) // PAGE_SIZE
+    max_pages = max(int(pages.max()) if b else 0, 1)
+    num_pages = int(pages.sum()) + extra_pages
+    order = torch.randperm(num_pages, generator=g, device=device).int()
+    block_table = torch.full((b, max_pages), -1, dtype=torch.int32, device=device)  # unused entries point nowhere
+    used = pages.cumsum(0) - pages
+    for i in range(b):
+        block_table[i, :pages[i]] = order[used[i]:used[i] + pages[i]]
+    # every token's cache row: page * 64 + offset
+    req = torch.repeat_interleave(torch.arange(b), seqlens.long()).to(device)
+    pos = torch.cat([torch.arange(int(n)) for n in seqlens]).to(device) if b else req
+    slots = block_table[req, pos // PAGE_SIZE].long() * PAGE_SIZE + pos % PAGE_SIZE
+    kv = torch.full((num_pages * PAGE_SIZE, D_QK), float("nan"), dtype=torch.bfloat16, device=device)
+    rows = torch.randn(len(slots), D_QK, generator=g, device=device)
+    rows[:, D_LATENT:] *= rope_scale
+    kv[slots] = rows.to(torch.bfloat16)
+    q = torch.randn(b, s_q, h_q, D_QK, generator=g, device=device)
+    q[..., D_LATENT:] *= rope_scale
+    return DecodeProblem(q.to(torch.bfloat16), kv.view(num_pages, PAGE_SIZE, 1, D_QK), block_table,
+                         seqlens.to(device))

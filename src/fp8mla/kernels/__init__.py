@@ -1,0 +1,33 @@
+"""Kernels: the portable Triton decode kernel, the Hopper Gluon kernel, the combine step and the cache writer.
+
+``launch_decode`` is the one entry the API calls after it has validated every input.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from ..formats import D_LATENT
+
+if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    from . import interpreter
+    interpreter.apply()
+
+
+def launch_decode(backend, q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse,
+                  descale_q, descale_k, softmax_scale, causal):
+    from .combine import launch_combine
+
+    b, s_q, h_q, _ = q.shape
+    # every part adds at most one split beyond the first of each request
+    max_splits = b + meta.shape[0]
+    o_part = torch.empty(max_splits, s_q * h_q, D_LATENT, dtype=torch.float32, device=q.device)
+    lse_part = torch.empty(max_splits, s_q * h_q, dtype=torch.float32, device=q.device)
+    if backend == "hopper":
+        from .hopper import launch_hopper as launch
+    else:
+        from .portable import launch_portable as launch
+    launch(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
+           descale_q, descale_k, softmax_scale, causal)
+    launch_combine(out, lse, o_part, lse_part, num_splits)

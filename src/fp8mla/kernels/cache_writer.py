@@ -1,0 +1,44 @@
+"""Cache writer kernel: one program per new token, writing its row into the paged cache (see formats.py)."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .constants import D_LATENT, D_QK, D_ROPE, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET
+
+
+@triton.jit
+def write_kv_cache_kernel(kv_c_ptr, stride_c, k_pe_ptr, stride_pe, cache_ptr, slot_ptr, descale_k_ptr,
+                          KV_FORMAT: tl.constexpr):
+    tok = tl.program_id(0)
+    slot = tl.load(slot_ptr + tok).to(tl.int64)
+    if slot >= 0:  # negative slots are padding
+        d = tl.arange(0, D_LATENT)
+        r = tl.arange(0, D_ROPE)
+        lat = tl.load(kv_c_ptr + tok.to(tl.int64) * stride_c + d).to(tl.float32)
+        rope = tl.load(k_pe_ptr + tok.to(tl.int64) * stride_pe + r).to(tl.float32)
+        if KV_FORMAT == FP8_ROPE_BF16:
+            row = cache_ptr + slot * ROW_BYTES
+            amax = tl.max(tl.abs(lat), axis=0)
+            descale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+            q = tl.clamp(tl.div_rn(lat, descale), -FP8_MAX, FP8_MAX)
+            tl.store((row + d).to(tl.pointer_type(tl.float8e4nv)), q.to(tl.float8e4nv))
+            tl.store((row + SCALE_OFFSET).to(tl.pointer_type(tl.float32)), descale)
+            tl.store(row + SCALE_OFFSET + 4 + tl.arange(0, 16), tl.zeros([16], tl.uint8),
+                     mask=tl.arange(0, 16) < ROPE_OFFSET - SCALE_OFFSET - 4)
+            tl.store((row + ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16)) + r, rope.to(tl.bfloat16))
+        elif KV_FORMAT == FP8:
+            row = cache_ptr + slot * D_QK
+            descale = tl.load(descale_k_ptr)
+            tl.store(row + d, tl.clamp(tl.div_rn(lat, descale), -FP8_MAX, FP8_MAX).to(tl.float8e4nv))
+            tl.store(row + D_LATENT + r, tl.clamp(tl.div_rn(rope, descale), -FP8_MAX, FP8_MAX).to(tl.float8e4nv))
+        else:
+            row = cache_ptr + slot * D_QK
+            tl.store(row + d, lat.to(tl.bfloat16))
+            tl.store(row + D_LATENT + r, rope.to(tl.bfloat16))
+
+
+def launch_write_kv_cache(kv_c, k_pe, k_cache, slot_mapping, kv_format, descale_k):
+    write_kv_cache_kernel[(kv_c.shape[0],)](
+        kv_c, kv_c.stride(0), k_pe, k_pe.stride(0), k_cache, slot_mapping,
+        descale_k if descale_k is not None else slot_mapping, KV_FORMAT=FORMAT_CODE[kv_format], num_warps=4)

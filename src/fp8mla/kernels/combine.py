@@ -1,0 +1,52 @@
+"""Combine step of split-KV decode: merges each request's partial results by their log-sum-exp.
+
+Requests with one split were written directly by the decode kernel and are skipped; requests with no key
+(seqlen 0) get out 0 and lse +inf here.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .constants import D_LATENT
+
+COMBINE_ROWS = 8  # query rows per program
+
+
+@triton.jit
+def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_ptr, H, S_Q,
+                       BLOCK_ROWS: tl.constexpr):
+    req = tl.program_id(0)
+    R = H * S_Q
+    rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_ok = rows < R
+    d = tl.arange(0, D_LATENT)
+    split0 = tl.load(num_splits_ptr + req)
+    n_splits = tl.load(num_splits_ptr + req + 1) - split0
+    if n_splits != 1:
+        lse_max = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
+        for j in range(n_splits):
+            lse_j = tl.load(lse_part_ptr + (split0 + j).to(tl.int64) * R + rows, mask=row_ok, other=0.0)
+            lse_max = tl.maximum(lse_max, lse_j)
+        seen = lse_max > float("-inf")
+        lse_max = tl.where(seen, lse_max, 0.0)
+        total = tl.zeros([BLOCK_ROWS], tl.float32)
+        acc = tl.zeros([BLOCK_ROWS, D_LATENT], tl.float32)
+        for j in range(n_splits):
+            part_rows = (split0 + j).to(tl.int64) * R + rows
+            w = tl.exp(tl.load(lse_part_ptr + part_rows, mask=row_ok, other=0.0) - lse_max)
+            o_j = tl.load(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], mask=row_ok[:, None], other=0.0)
+            total += w
+            acc += w[:, None] * o_j
+        o = acc * tl.where(seen, 1.0 / total, 0.0)[:, None]
+        lse = tl.where(seen, lse_max + tl.log(total), float("inf"))
+        out_rows = out_ptr + (req.to(tl.int64) * R + rows) * D_LATENT
+        tl.store(out_rows[:, None] + d[None, :], o.to(tl.bfloat16), mask=row_ok[:, None])
+        tl.store(lse_ptr + req.to(tl.int64) * R + (rows % H) * S_Q + rows // H, lse, mask=row_ok)
+
+
+def launch_combine(out, lse, o_part, lse_part, num_splits):
+    b, s_q, h_q, _ = out.shape
+    grid = (b, triton.cdiv(s_q * h_q, COMBINE_ROWS))
+    mla_combine_kernel[grid](out, lse, o_part, lse_part, num_splits, h_q, s_q, BLOCK_ROWS=COMBINE_ROWS,
+                             num_warps=4)

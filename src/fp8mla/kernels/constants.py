@@ -1,0 +1,29 @@
+"""The format and schedule numbers of formats.py / scheduler.py as ``tl.constexpr``, for use inside kernels."""
+import triton.language as tl
+
+from .. import formats, scheduler
+
+PAGE_SIZE = tl.constexpr(formats.PAGE_SIZE)
+D_LATENT = tl.constexpr(formats.D_LATENT)
+D_ROPE = tl.constexpr(formats.D_ROPE)
+D_QK = tl.constexpr(formats.D_QK)
+FP8_MAX = tl.constexpr(formats.FP8_MAX)
+ROW_BYTES = tl.constexpr(formats.ROW_BYTES)
+SCALE_OFFSET = tl.constexpr(formats.SCALE_OFFSET)
+ROPE_OFFSET = tl.constexpr(formats.ROPE_OFFSET)
+
+METADATA_WIDTH = tl.constexpr(scheduler.METADATA_WIDTH)
+BEGIN_REQ = tl.constexpr(scheduler.BEGIN_REQ)
+BEGIN_PAGE = tl.constexpr(scheduler.BEGIN_PAGE)
+END_REQ = tl.constexpr(scheduler.END_REQ)
+END_PAGE = tl.constexpr(scheduler.END_PAGE)
+BEGIN_SPLIT = tl.constexpr(scheduler.BEGIN_SPLIT)
+
+# KV_FORMAT codes the kernels specialise on
+BF16 = tl.constexpr(0)
+FP8 = tl.constexpr(1)
+FP8_ROPE_BF16 = tl.constexpr(2)
+FORMAT_CODE = {"bf16": 0, "fp8": 1, "fp8_rope_bf16": 2}
+
+LOG2E = tl.constexpr(1.4426950408889634)
+LN2 = tl.constexpr(0.6931471805599453)

@@ -1,0 +1,77 @@
+"""Fixes for two known defects of Triton 3.6's CPU interpreter (``TRITON_INTERPRET=1``).
+
+1. A bf16 ``tl.dot`` multiplies the raw 16-bit patterns (upstream issue #11584): we widen bf16 operands to
+   fp32 first, and decode fp8 operands exactly.
+2. fp32/bf16 -> float8 casts round wrongly in ~2 % of values, do not saturate and turn NaN into 384 (upstream
+   PR #11897): we convert through torch, saturating with round-to-nearest-even like the GPU's
+   ``cvt.rn.satfinite``.
+3. fp32 -> bf16 casts truncate where the GPU rounds to nearest even: we convert through torch.
+
+:func:`apply` patches the interpreter's builder once; the library calls it whenever it launches a kernel in
+the interpreter, so CPU results match the GPU's arithmetic.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_FP8_TORCH = {"fp8e4nv": torch.float8_e4m3fn, "fp8e5": torch.float8_e5m2}
+_FP8_MAX = {"fp8e4nv": 448.0, "fp8e5": 57344.0}
+_applied = False
+
+
+def _to_float32(data: np.ndarray, dtype) -> np.ndarray:
+    name = str(dtype)
+    if name == "bf16":
+        return (data.astype(np.uint32) << 16).view(np.float32)
+    if name in _FP8_TORCH:
+        raw = torch.from_numpy(np.ascontiguousarray(data)).view(_FP8_TORCH[name])
+        return raw.float().numpy()
+    return data.astype(np.float32)
+
+
+def apply() -> None:
+    """Patch ``triton.runtime.interpreter.InterpreterBuilder`` (idempotent)."""
+    global _applied
+    if _applied:
+        return
+    from triton.runtime import interpreter as interp
+
+    builder = interp.InterpreterBuilder
+    original_dot = builder.create_dot
+    original_fp_to_fp = builder.create_fp_to_fp
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if str(a.dtype.scalar) in ("bf16", *_FP8_TORCH) or str(b.dtype.scalar) in ("bf16", *_FP8_TORCH):
+            prod = np.matmul(_to_float32(a.data, a.dtype.scalar), _to_float32(b.data, b.dtype.scalar))
+            return interp.TensorHandle((prod + d.data).astype(d.data.dtype), d.dtype.scalar)
+        return original_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    def create_fp_to_fp(self, src, dst_type, rounding_mode):
+        dst = str(dst_type.scalar)
+        if dst in _FP8_TORCH:
+            x = torch.from_numpy(np.ascontiguousarray(_to_float32(src.data, src.dtype.scalar)))
+            x = torch.where(x.isnan(), x, x.clamp(-_FP8_MAX[dst], _FP8_MAX[dst]))
+            data = x.to(_FP8_TORCH[dst]).view(torch.uint8).numpy().reshape(src.data.shape)
+            return interp.TensorHandle(data, dst_type.scalar)
+        if str(src.dtype.scalar) in _FP8_TORCH and dst in ("fp32", "bf16", "fp16"):
+            x = torch.from_numpy(_to_float32(src.data, src.dtype.scalar))
+            torch_dst = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dst]
+            data = x.to(torch_dst).view({"fp32": torch.int32, "bf16": torch.int16, "fp16": torch.int16}[dst])
+            return interp.TensorHandle(data.numpy().view(interp._get_np_dtype(dst_type)).reshape(src.data.shape),
+                                       dst_type.scalar)
+        return original_fp_to_fp(self, src, dst_type, rounding_mode)
+
+    def cast_impl(self, src, dst_type):
+        if str(src.dtype.scalar) == "fp32" and str(dst_type.scalar) == "bf16":
+            x = torch.from_numpy(np.ascontiguousarray(src.data, dtype=np.float32))
+            return interp.TensorHandle(x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16),
+                                       dst_type.scalar)
+        return original_cast(self, src, dst_type)
+
+    original_cast = builder.cast_impl
+    builder.cast_impl = cast_impl
+    builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)
+    builder.create_dot = create_dot
+    builder.create_fp_to_fp = create_fp_to_fp
+    _applied = True

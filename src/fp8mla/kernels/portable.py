@@ -1,0 +1,196 @@
+"""Portable split-KV MLA decode kernel in plain Triton (``tl``).
+
+It runs on any NVIDIA GPU with FP8 tensor cores (and in the Triton interpreter), and is the fallback when the
+Hopper kernel cannot be used. One program handles one part of the split-KV schedule (see ``scheduler.py``) for
+one block of query rows; rows fold as ``m = s * h_q + h`` so that all ``s_q * h_q`` query rows of a request share
+each KV page it loads.
+
+Arithmetic, per 64-token page:
+  S  = q_lat . k_lat^T   (FP8 dot, scales applied after)  +  q_rope . k_rope^T   (BF16 dot)
+  online softmax in fp32, base 2
+  O += P . V             (FP8 dot; P is multiplied by each token's V scale and by 448 / max scale of the page
+                          before the e4m3 cast, so it uses the whole FP8 range; the factor is undone in fp32)
+``bf16`` caches run the same algorithm with BF16 dots and P in BF16.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, BF16, D_LATENT, D_QK, D_ROPE, END_PAGE, END_REQ, FORMAT_CODE,
+                        FP8, FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE, ROPE_OFFSET, ROW_BYTES,
+                        SCALE_OFFSET)
+
+# Promote FP8 partial sums to fp32 every this many products: Hopper's FP8 MMA accumulates in reduced
+# precision, which long contractions (and long contexts) would otherwise pay for.
+FP8_PROMOTE_K = tl.constexpr(128)
+
+
+@triton.jit
+def _load_page(kv_ptr, page, tok_ok, KV_FORMAT: tl.constexpr):
+    """One page of the cache: (latent [64, 512], rope [64, 64], per-token latent descale [64] (1 if none))."""
+    t = tl.arange(0, PAGE_SIZE)
+    d = tl.arange(0, D_LATENT)
+    r = tl.arange(0, D_ROPE)
+    row = page.to(tl.int64) * PAGE_SIZE + t
+    if KV_FORMAT == FP8_ROPE_BF16:
+        base = kv_ptr + row * ROW_BYTES
+        lat = tl.load((base[:, None] + d[None, :]).to(tl.pointer_type(tl.float8e4nv)), mask=tok_ok[:, None],
+                      other=0.0)
+        scale = tl.load((base + SCALE_OFFSET).to(tl.pointer_type(tl.float32)), mask=tok_ok, other=0.0)
+        rope = tl.load((base[:, None] + ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16)) + r[None, :],
+                       mask=tok_ok[:, None], other=0.0)
+        return lat, rope, scale
+    else:
+        base = kv_ptr + row * D_QK
+        lat = tl.load(base[:, None] + d[None, :], mask=tok_ok[:, None], other=0.0)
+        rope = tl.load(base[:, None] + D_LATENT + r[None, :], mask=tok_ok[:, None], other=0.0)
+        return lat, rope, tl.full([PAGE_SIZE], 1.0, tl.float32)
+
+
+@triton.jit
+def mla_decode_split_kernel(
+        q_ptr, stride_qb, stride_qs, stride_qh,
+        kv_ptr, block_table_ptr, stride_bt, max_pages, seqlens_ptr,
+        meta_ptr, num_splits_ptr,
+        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr,
+        descale_q_ptr, descale_k_ptr, sm_scale_log2,
+        H, S_Q,
+        KV_FORMAT: tl.constexpr, Q_FP8: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    part = tl.program_id(0)
+    R = H * S_Q
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < R
+    s_idx = rows // H
+    h_idx = rows % H
+    d = tl.arange(0, D_LATENT)
+    r = tl.arange(0, D_ROPE)
+    t = tl.arange(0, PAGE_SIZE)
+
+    meta = meta_ptr + part * METADATA_WIDTH
+    begin_req = tl.load(meta + BEGIN_REQ)
+    begin_page = tl.load(meta + BEGIN_PAGE)
+    end_req = tl.load(meta + END_REQ)
+    end_page = tl.load(meta + END_PAGE)
+    begin_split = tl.load(meta + BEGIN_SPLIT)
+    if KV_FORMAT == FP8:
+        descale_k = tl.load(descale_k_ptr)
+    else:
+        descale_k = 1.0
+
+    for req in range(begin_req, end_req + 1):
+        seqlen = tl.load(seqlens_ptr + req)
+        lo = tl.where(req == begin_req, begin_page, 0)
+        hi = tl.minimum(tl.where(req == end_req, end_page, tl.cdiv(seqlen, PAGE_SIZE)), max_pages)
+        if lo < hi:
+            # ---- this request's query rows, quantized once ----
+            q_rows = q_ptr + req * stride_qb + s_idx * stride_qs + h_idx * stride_qh
+            q_lat = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+            q_rope = tl.load(q_rows[:, None] + D_LATENT + r[None, :], mask=row_ok[:, None], other=0.0)
+            if Q_FP8:
+                q_scale = tl.load(descale_q_ptr) * descale_k + tl.zeros([BLOCK_M], tl.float32)
+                rope_scale = q_scale
+            elif KV_FORMAT == BF16:
+                q_scale = tl.full([BLOCK_M], 1.0, tl.float32)
+                rope_scale = 1.0
+            else:
+                amax = tl.max(tl.abs(q_lat.to(tl.float32)), axis=1)
+                q_descale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+                q_lat = (q_lat.to(tl.float32) / q_descale[:, None]).to(tl.float8e4nv)
+                q_scale = q_descale * descale_k
+                rope_scale = descale_k
+
+            # causal, bottom-right aligned: query token s sees keys [0, seqlen - (S_Q - 1 - s))
+            if CAUSAL:
+                key_limit = seqlen - (S_Q - 1 - s_idx)
+            else:
+                key_limit = tl.zeros([BLOCK_M], tl.int32) + seqlen
+            m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, D_LATENT], tl.float32)
+            v_unit = 1.0  # the V descale the accumulator is currently expressed in (FP8 formats)
+
+            for blk in range(lo, hi):
+                page = tl.load(block_table_ptr + req * stride_bt + blk)
+                tok = blk * PAGE_SIZE + t
+                k_lat, k_rope, k_scale = _load_page(kv_ptr, page, tok < seqlen, KV_FORMAT)
+
+                # ---- scores, in log2 units ----
+                if KV_FORMAT == BF16:
+                    s = tl.dot(q_lat, tl.trans(k_lat)) + tl.dot(q_rope, tl.trans(k_rope))
+                else:
+                    s = tl.dot(q_lat, tl.trans(k_lat), max_num_imprecise_acc=FP8_PROMOTE_K)
+                    if KV_FORMAT == FP8_ROPE_BF16:
+                        s = s * q_scale[:, None] * k_scale[None, :] + tl.dot(q_rope, tl.trans(k_rope))
+                    elif Q_FP8:
+                        s = (s + tl.dot(q_rope, tl.trans(k_rope))) * q_scale[:, None]
+                    else:
+                        s = s * q_scale[:, None] + tl.dot(q_rope, tl.trans(k_rope.to(tl.bfloat16))) * rope_scale
+                visible = tok[None, :] < key_limit[:, None]
+                s = tl.where(visible, s * sm_scale_log2, float("-inf"))
+
+                # ---- online softmax (a row that has seen no key yet keeps m = -inf, p = 0) ----
+                m_new = tl.maximum(m_i, tl.max(s, axis=1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                p = tl.exp2(s - m_safe[:, None])
+                alpha = tl.exp2(m_i - m_safe)
+                l_i = l_i * alpha + tl.sum(p, axis=1)
+                m_i = m_new
+
+                # ---- O += P . V ----
+                if KV_FORMAT == BF16:
+                    acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), k_lat)
+                else:
+                    if KV_FORMAT == FP8_ROPE_BF16:
+                        page_unit = tl.maximum(tl.max(k_scale, axis=0), 1e-30)
+                        p8 = (p * (k_scale * (FP8_MAX / page_unit))[None, :]).to(tl.float8e4nv)
+                    else:
+                        page_unit = 1.0
+                        p8 = (p * FP8_MAX).to(tl.float8e4nv)
+                    acc = acc * (alpha * (v_unit / page_unit))[:, None]
+                    acc += tl.dot(p8, k_lat, max_num_imprecise_acc=PAGE_SIZE)
+                    v_unit = page_unit
+
+            # ---- write: the final result if this is the request's only split, else a partial ----
+            if KV_FORMAT == BF16:
+                o_scale = 1.0
+            else:
+                o_scale = v_unit * descale_k / FP8_MAX
+            seen = l_i > 0
+            o = acc * tl.where(seen, o_scale / l_i, 0.0)[:, None]
+            lse = tl.where(seen, (m_i + tl.log2(l_i)) * LN2, float("inf"))
+            split0 = tl.load(num_splits_ptr + req)
+            n_splits = tl.load(num_splits_ptr + req + 1) - split0
+            if n_splits == 1:
+                out_rows = out_ptr + (req * R + rows) * D_LATENT
+                tl.store(out_rows[:, None] + d[None, :], o.to(tl.bfloat16), mask=row_ok[:, None])
+                tl.store(lse_ptr + req * R + h_idx * S_Q + s_idx, lse, mask=row_ok)
+            else:
+                split = split0 + tl.where(req == begin_req, begin_split, 0)
+                part_rows = split.to(tl.int64) * R + rows
+                tl.store(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], o, mask=row_ok[:, None])
+                tl.store(lse_part_ptr + part_rows, tl.where(seen, lse, float("-inf")), mask=row_ok)
+
+
+def block_m_for(rows: int) -> int:
+    """Query rows per program: 64, or the next power of two >= 16 for fewer rows."""
+    return 64 if rows >= 64 else max(16, triton.next_power_of_2(rows))
+
+
+def launch_portable(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
+                    descale_q, descale_k, softmax_scale, causal):
+    b, s_q, h_q, _ = q.shape
+    rows = s_q * h_q
+    block_m = block_m_for(rows)
+    grid = (meta.shape[0], triton.cdiv(rows, block_m))
+    dummy = cache_seqlens  # never read: placeholders for absent scales
+    mla_decode_split_kernel[grid](
+        q, q.stride(0), q.stride(1), q.stride(2),
+        k_cache, block_table, block_table.stride(0), block_table.shape[1], cache_seqlens,
+        meta, num_splits,
+        out, lse, o_part, lse_part,
+        descale_q if descale_q is not None else dummy, descale_k if descale_k is not None else dummy,
+        softmax_scale * LOG2E,
+        h_q, s_q,
+        KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != out.dtype, CAUSAL=causal, BLOCK_M=block_m,
+        num_warps=8 if block_m == 64 else 4, num_stages=1)

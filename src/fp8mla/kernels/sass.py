@@ -1,0 +1,96 @@
+"""Compile fp8mla's kernels for sm_90a without a GPU and read their SASS.
+
+Used by the CPU tests (and by hand: ``python -m fp8mla.kernels.sass``) to prove that a kernel lowers to the
+instructions it is written for: QGMMA (FP8 wgmma), HGMMA (BF16 wgmma), UTMALDG (TMA loads), and that nothing
+spills to local memory (LDL/STL). It must run in a process without ``TRITON_INTERPRET``.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass
+
+HOPPER = ("cuda", 90, 32)
+
+
+@dataclass
+class SassReport:
+    name: str
+    sass: str
+    n_regs: int
+    stack: int   # bytes of stack frame / local memory per thread: > 0 means spills or a register array in memory
+    shared: int
+
+    def count(self, opcode: str) -> int:
+        """How many instructions start with ``opcode`` (e.g. "QGMMA", "LDL", "STS.128")."""
+        return len(re.findall(rf"\b{re.escape(opcode)}[\s.]", self.sass))
+
+    def summary(self) -> dict:
+        keys = ("QGMMA", "HGMMA", "HMMA", "UTMALDG", "LDL", "STL", "LDS", "STS", "PRMT", "BAR", "SYNCS")
+        return dict(name=self.name, regs=self.n_regs, stack=self.stack, shared=self.shared,
+                    **{k: self.count(k) for k in keys})
+
+
+def compile_sm90(fn, signature: dict, constexprs: dict, gluon: bool = False, **options):
+    """``triton.compile`` for sm_90a; ``fn`` is a @triton.jit / @gluon.jit function."""
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise RuntimeError("compile in a process without TRITON_INTERPRET")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as Source
+    else:
+        Source = ASTSource
+    constexprs = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
+    return triton.compile(Source(fn, signature, constexprs), target=GPUTarget(*HOPPER), options=options)
+
+
+def sass_report(compiled, name: str = "") -> SassReport:
+    import triton
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        tool = triton.knobs.nvidia.cuobjdump.path
+        sass = subprocess.run([tool, "-sass", path], check=True, capture_output=True, text=True).stdout
+        usage = subprocess.run([tool, "-res-usage", path], check=True, capture_output=True, text=True).stdout
+    res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
+    stack = max(int(res.get("STACK", 0)), int(res.get("LOCAL", 0)))
+    md = compiled.metadata
+    return SassReport(name or md.name, sass, int(res.get("REG", 0)), stack, md.shared)
+
+
+def portable_reports() -> list[SassReport]:
+    """The portable decode kernel for every format, and the combine and cache-writer kernels."""
+    from . import cache_writer, combine, portable
+
+    reports = []
+    q_types = {"bf16": "*bf16", "fp8": "*bf16", "fp8_rope_bf16": "*bf16"}
+    kv_types = {"bf16": "*bf16", "fp8": "*fp8e4nv", "fp8_rope_bf16": "*u8"}
+    for fmt, code in portable.FORMAT_CODE.items():
+        sig = {"q_ptr": q_types[fmt], "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
+               "kv_ptr": kv_types[fmt], "block_table_ptr": "*i32", "stride_bt": "i32", "max_pages": "i32",
+               "seqlens_ptr": "*i32", "meta_ptr": "*i32", "num_splits_ptr": "*i32", "out_ptr": "*bf16",
+               "lse_ptr": "*fp32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32",
+               "descale_k_ptr": "*fp32", "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32",
+               "KV_FORMAT": "constexpr", "Q_FP8": "constexpr", "CAUSAL": "constexpr", "BLOCK_M": "constexpr"}
+        k = compile_sm90(portable.mla_decode_split_kernel, sig,
+                         dict(KV_FORMAT=code, Q_FP8=False, CAUSAL=True, BLOCK_M=64), num_warps=8, num_stages=1)
+        reports.append(sass_report(k, f"portable[{fmt}]"))
+    sig = {"out_ptr": "*bf16", "lse_ptr": "*fp32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32",
+           "num_splits_ptr": "*i32", "H": "i32", "S_Q": "i32", "BLOCK_ROWS": "constexpr"}
+    k = compile_sm90(combine.mla_combine_kernel, sig, dict(BLOCK_ROWS=combine.COMBINE_ROWS), num_warps=4)
+    reports.append(sass_report(k, "combine"))
+    return reports
+
+
+if __name__ == "__main__":
+    import json
+
+    for r in portable_reports():
+        print(json.dumps(r.summary()))

@@ -1,0 +1,107 @@
+"""Split-KV scheduler: spreads a batch's KV pages evenly over the SMs.
+
+All requests' pages are laid end to end on one timeline, each request followed by ``FIXED_COST`` virtual pages
+that stand for its per-split overhead (loading q, writing a partial result). The timeline is cut into
+``num_parts`` equal pieces; a piece that starts or ends inside a request splits it. Everything is computed with
+tensor ops on the device of ``cache_seqlens``, with static output shapes and no host synchronisation, so it can
+be captured in a CUDA graph.
+
+``tile_scheduler_metadata`` is ``[num_parts, METADATA_WIDTH]`` int32; part ``p`` covers, in order, the pages
+
+    (begin_req, begin_page) .. (end_req, end_page)      end_page exclusive, within end_req
+
+and its first request's partial result is split number ``begin_split`` of that request (the following requests
+of a part start with split 0). A part with ``begin_req > end_req`` is empty. ``num_splits`` is ``[b + 1]``
+int32 prefix sums: request i's partial results live at rows ``num_splits[i] .. num_splits[i + 1]`` of the
+split buffers; a request with a single split writes the output directly and needs no combine.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from .formats import PAGE_SIZE
+
+METADATA_WIDTH = 8
+BEGIN_REQ, BEGIN_PAGE, END_REQ, END_PAGE, BEGIN_SPLIT = range(5)
+FIXED_COST = 2        # a split's overhead, in pages
+ROWS_PER_BLOCK = 64   # query rows one program handles (num_parts keeps all row blocks inside one wave)
+DEFAULT_CPU_SMS = 4   # "SM" count used when scheduling for the Triton interpreter
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return int(os.environ.get("FP8MLA_CPU_SMS", DEFAULT_CPU_SMS))
+
+
+def num_sm_parts(device: torch.device, num_q_tokens_per_head_k: int, num_heads_k: int = 1) -> int:
+    """How many parts the schedule has: one per SM, shared by the row blocks of every KV head."""
+    row_blocks = -(-num_q_tokens_per_head_k // ROWS_PER_BLOCK)
+    return max(_sm_count(torch.device(device)) // (num_heads_k * row_blocks), 1)
+
+
+def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_heads_k: int,
+                     num_parts: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tile_scheduler_metadata [num_parts, 8] int32, num_splits [b + 1] int32)`` for one decode step.
+
+    ``num_q_tokens_per_head_k`` is ``s_q * h_q // h_kv`` (the query rows that share one KV head) and
+    ``num_heads_k`` must be 1 (MLA has one latent KV head). Build it once per step and reuse it for every
+    layer, as with FlashMLA.
+    """
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:
+        raise ValueError("cache_seqlens must be a 1-D tensor [batch]")
+    if cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cache_seqlens must be int32, got {cache_seqlens.dtype}")
+    if num_heads_k != 1:
+        raise ValueError(f"MLA decode has one KV head, got num_heads_k={num_heads_k}")
+    if num_q_tokens_per_head_k < 1:
+        raise ValueError(f"num_q_tokens_per_head_k must be >= 1, got {num_q_tokens_per_head_k}")
+    device = cache_seqlens.device
+    parts = num_parts or num_sm_parts(device, num_q_tokens_per_head_k, num_heads_k)
+    i64 = dict(dtype=torch.int64, device=device)
+    if len(cache_seqlens) == 0:
+        meta = torch.zeros(parts, METADATA_WIDTH, dtype=torch.int32, device=device)
+        meta[:, END_REQ] = -1
+        return meta, torch.zeros(1, dtype=torch.int32, device=device)
+
+    pages = (cache_seqlens.to(torch.int64) + PAGE_SIZE - 1) // PAGE_SIZE
+    cost = pages + FIXED_COST * (pages > 0)
+    end = torch.cumsum(cost, 0)
+    start = end - cost
+    total = end[-1]
+    p = torch.arange(parts + 1, **i64)
+    # equal pieces; with fewer pages than parts, one page a part and the empty parts last
+    bounds = torch.where(total >= parts, p * total // parts, torch.minimum(p, total))
+
+    def locate(pos):  # timeline position -> (request, page); overhead positions map to page == pages[req]
+        req = torch.searchsorted(end, pos, right=True).clamp(max=len(pages) - 1)
+        return req, torch.minimum(pos - start[req], pages[req])
+
+    lo, hi = bounds[:-1], bounds[1:]
+    begin_req, begin_page = locate(lo)
+    in_overhead = begin_page >= pages[begin_req]     # a piece starting in overhead begins with the next request
+    begin_req = begin_req + in_overhead
+    begin_page = torch.where(in_overhead, 0, begin_page)
+    last_req, last_page = locate((hi - 1).clamp(min=0))
+    end_page = torch.minimum(last_page + 1, pages[last_req])
+    empty = (hi <= lo) | (begin_req > last_req) | ((begin_req == last_req) & (begin_page >= end_page))
+
+    # parts touching request i: first_part[i] .. last_part[i]
+    first_part = torch.searchsorted(hi, start, right=True)
+    last_part = torch.searchsorted(lo, start + pages, right=False) - 1
+    splits = torch.where(pages > 0, last_part - first_part + 1, 0)
+    num_splits = torch.zeros(len(pages) + 1, **i64)
+    num_splits[1:] = torch.cumsum(splits, 0)
+    begin_split = torch.arange(parts, **i64) - first_part[begin_req.clamp(max=len(pages) - 1)]
+
+    meta = torch.zeros(parts, METADATA_WIDTH, **i64)
+    meta[:, BEGIN_REQ] = torch.where(empty, len(pages), begin_req)
+    meta[:, BEGIN_PAGE] = torch.where(empty, 0, begin_page)
+    meta[:, END_REQ] = torch.where(empty, -1, last_req)
+    meta[:, END_PAGE] = torch.where(empty, 0, end_page)
+    meta[:, BEGIN_SPLIT] = torch.where(empty, 0, begin_split)
+    return meta.to(torch.int32), num_splits.to(torch.int32)

@@ -1,0 +1,27 @@
+"""Test setup: without a GPU every kernel runs in Triton's interpreter (with fp8mla's fixes for its defects)."""
+import os
+
+import pytest
+import torch
+
+HAS_GPU = torch.cuda.is_available()
+if not HAS_GPU:
+    # must be set before any @triton.jit function is created
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    skip_hopper = pytest.mark.skip(reason="needs an sm_90 GPU")
+    is_hopper = HAS_GPU and torch.cuda.get_device_capability() == (9, 0)
+    for item in items:
+        if "gpu" in item.keywords and not HAS_GPU:
+            item.add_marker(skip_gpu)
+        if "hopper" in item.keywords and not is_hopper:
+            item.add_marker(skip_hopper)
+
+
+@pytest.fixture
+def device():
+    """Where kernel tests run: the GPU if there is one, else the CPU through the interpreter."""
+    return torch.device("cuda" if HAS_GPU else "cpu")

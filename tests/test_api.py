@@ -1,0 +1,83 @@
+"""Every bad input gets a clear error before any launch."""
+import pytest
+import torch
+
+from fp8mla import flash_mla_with_kvcache, get_mla_metadata, quantize_kv_cache
+from fp8mla.inputs import make_problem
+
+
+@pytest.fixture
+def call():
+    p = make_problem(2, 1, 16, [100, 70])
+    meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
+    base = dict(q=p.q, k_cache=p.kv, block_table=p.block_table, cache_seqlens=p.cache_seqlens, head_dim_v=512,
+                tile_scheduler_metadata=meta, num_splits=splits)
+
+    def run(**changes):
+        return flash_mla_with_kvcache(**{**base, **changes})
+    run.base = base
+    run.problem = p
+    return run
+
+
+def test_valid_call_runs(call):
+    out, lse = call()
+    assert out.shape == (2, 1, 16, 512) and lse.shape == (2, 16, 1)
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda b: dict(q=b["q"].float()), TypeError, "q must be"),
+    (lambda b: dict(q=b["q"][..., :512]), ValueError, "head dim must be 576"),
+    (lambda b: dict(q=b["q"][0]), ValueError, "4 dimensions"),
+    (lambda b: dict(q=b["q"].transpose(1, 3).contiguous().transpose(1, 3)), ValueError, "last dimension"),
+    (lambda b: dict(head_dim_v=576), ValueError, "head_dim_v must be 512"),
+    (lambda b: dict(k_cache=b["k_cache"].reshape(-1, 32, 1, 576)), ValueError, "page size 64"),
+    (lambda b: dict(k_cache=b["k_cache"].reshape(-1, 64, 2, 288)), TypeError, "cannot infer"),
+    (lambda b: dict(k_cache=b["k_cache"].half()), TypeError, "cannot infer"),
+    (lambda b: dict(k_cache=b["k_cache"], kv_format="fp8"), TypeError, "needs a"),
+    (lambda b: dict(k_cache=b["k_cache"][:, :, :, :].transpose(0, 1).contiguous().transpose(0, 1)),
+     ValueError, "contiguous"),
+    (lambda b: dict(block_table=b["block_table"].long()), TypeError, "block_table must be"),
+    (lambda b: dict(block_table=b["block_table"][:1]), ValueError, "batch size"),
+    (lambda b: dict(block_table=b["block_table"][:, :1]), ValueError, "block_table has 1 pages"),
+    (lambda b: dict(block_table=b["block_table"] + 1000), ValueError, "outside the cache"),
+    (lambda b: dict(cache_seqlens=b["cache_seqlens"].long()), TypeError, "cache_seqlens must be"),
+    (lambda b: dict(cache_seqlens=-b["cache_seqlens"]), ValueError, ">= 0"),
+    (lambda b: dict(num_splits=b["num_splits"][:-1]), ValueError, "num_splits must be"),
+    (lambda b: dict(tile_scheduler_metadata=b["tile_scheduler_metadata"][:, :4]), ValueError, "num_parts, 8"),
+    (lambda b: dict(descale_k=torch.ones(1)), ValueError, "only for the 'fp8' format"),
+    (lambda b: dict(descale_q=torch.ones(1)), ValueError, "only for a float8_e4m3fn q"),
+    (lambda b: dict(out=torch.empty(2, 1, 16, 512)), ValueError, "out must be"),
+    (lambda b: dict(lse=torch.empty(2, 1, 16)), ValueError, "lse must be"),
+    (lambda b: dict(backend="cuda"), ValueError, "backend must be"),
+    (lambda b: dict(backend="hopper"), ValueError, "sm_90"),
+])
+def test_bad_inputs_raise_before_launch(call, change, error, match):
+    with pytest.raises(error, match=match):
+        call(**change(call.base))
+
+
+def test_fp8_cache_needs_scales(call):
+    k_cache, descale_k = quantize_kv_cache(call.problem.kv, "fp8")
+    with pytest.raises(ValueError, match="needs descale_k"):
+        call(k_cache=k_cache)
+    with pytest.raises(ValueError, match="shape \\[1\\]"):
+        call(k_cache=k_cache, descale_k=descale_k.expand(2))
+    q8 = call.base["q"].to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="needs descale_q"):
+        call(k_cache=k_cache, descale_k=descale_k, q=q8)
+    with pytest.raises(TypeError, match="'fp8' cache format"):
+        call(q=q8, descale_q=torch.ones(1))
+
+
+def test_cpu_tensors_need_the_interpreter(call, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="CUDA device"):
+        call()
+
+
+def test_empty_batch(call):
+    p = make_problem(0, 1, 16, [])
+    meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
+    out, lse = flash_mla_with_kvcache(p.q, p.kv, p.block_table, p.cache_seqlens, 512, meta, splits)
+    assert out.shape == (0, 1, 16, 512) and lse.shape == (0, 16, 1)

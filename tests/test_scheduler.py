@@ -1,0 +1,81 @@
+import pytest
+import torch
+
+from fp8mla import get_mla_metadata
+from fp8mla.scheduler import BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, END_PAGE, END_REQ, FIXED_COST, num_sm_parts
+
+
+def expand(meta, num_splits, seqlens):
+    """Every (request, page) the schedule visits, with the split slot each one's partial result goes to."""
+    visits = []
+    pages = [(int(n) + 63) // 64 for n in seqlens]
+    for p, row in enumerate(meta.tolist()):
+        for req in range(row[BEGIN_REQ], row[END_REQ] + 1):
+            lo = row[BEGIN_PAGE] if req == row[BEGIN_REQ] else 0
+            hi = row[END_PAGE] if req == row[END_REQ] else pages[req]
+            split = int(num_splits[req]) + (row[BEGIN_SPLIT] if req == row[BEGIN_REQ] else 0)
+            visits += [(p, req, page, split) for page in range(lo, hi)]
+    return visits, pages
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_every_page_exactly_once_and_balanced(seed):
+    g = torch.Generator().manual_seed(seed)
+    b = int(torch.randint(1, 40, (1,), generator=g))
+    seqlens = torch.randint(0, 3000, (b,), generator=g, dtype=torch.int32)
+    seqlens[torch.rand(b, generator=g) < 0.2] = 0
+    parts = int(torch.randint(1, 140, (1,), generator=g))
+    meta, num_splits = get_mla_metadata(seqlens, 64, 1, num_parts=parts)
+    assert meta.shape == (parts, 8) and meta.dtype == torch.int32
+    assert num_splits.shape == (b + 1,) and num_splits.dtype == torch.int32
+    visits, pages = expand(meta, num_splits, seqlens)
+    covered = sorted((req, page) for _, req, page, _ in visits)
+    assert covered == [(i, k) for i in range(b) for k in range(pages[i])]
+    # splits: request i's partial results fill slots num_splits[i] .. num_splits[i+1] - 1, one per part
+    for i in range(b):
+        slots = {(p, s) for p, req, _, s in visits if req == i}
+        parts_of_i = sorted({p for p, _ in slots})
+        assert sorted(s for _, s in slots) == list(range(int(num_splits[i]), int(num_splits[i + 1])))
+        assert len(parts_of_i) == int(num_splits[i + 1] - num_splits[i])
+    assert int(num_splits[-1]) <= b + parts
+    # balance: the cost of each part (pages + per-split overhead) within one page + overhead of the mean
+    cost = [0] * parts
+    for p, req, page, s in visits:
+        cost[p] += 1
+    for p in {p for p, *_ in visits}:
+        cost[p] += FIXED_COST * len({req for q, req, *_ in visits if q == p})
+    total = sum(pages) + FIXED_COST * sum(1 for n in pages if n)
+    if total >= parts:
+        assert max(cost) <= total / parts + 2 * FIXED_COST + 1
+
+
+def test_fewer_pages_than_parts_leaves_empty_parts_last():
+    seqlens = torch.tensor([64, 1, 0], dtype=torch.int32)
+    meta, num_splits = get_mla_metadata(seqlens, 16, 1, num_parts=10)
+    visits, _ = expand(meta, num_splits, seqlens)
+    assert sorted((r, k) for _, r, k, _ in visits) == [(0, 0), (1, 0)]
+    assert num_splits.tolist() == [0, 1, 2, 2]
+
+
+def test_all_empty_batch():
+    meta, num_splits = get_mla_metadata(torch.zeros(5, dtype=torch.int32), 128, 1, num_parts=7)
+    assert expand(meta, num_splits, [0] * 5)[0] == []
+    assert num_splits.tolist() == [0] * 6
+
+
+def test_long_request_is_split_over_all_parts():
+    meta, num_splits = get_mla_metadata(torch.tensor([65536], dtype=torch.int32), 128, 1, num_parts=66)
+    assert num_splits.tolist() == [0, 66]
+
+
+def test_num_parts_follow_row_blocks():
+    assert num_sm_parts(torch.device("cpu"), 128) * 2 <= num_sm_parts(torch.device("cpu"), 16) * 2
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="one KV head"):
+        get_mla_metadata(torch.ones(2, dtype=torch.int32), 64, 2)
+    with pytest.raises(TypeError, match="int32"):
+        get_mla_metadata(torch.ones(2), 64, 1)
+    with pytest.raises(ValueError, match="1-D"):
+        get_mla_metadata(torch.ones(2, 2, dtype=torch.int32), 64, 1)
