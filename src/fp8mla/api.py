@@ -159,12 +159,19 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     elif lse.shape != (b, h_q, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous() or lse.device != device:
         raise ValueError(f"lse must be a contiguous fp32 [{b}, {h_q}, {s_q}] tensor on {device}")
 
-    if backend is None:
-        backend = "hopper" if hopper_available(device) else "portable"
-    if backend not in BACKENDS:
+    if backend not in (None, *BACKENDS):
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
-    if backend == "hopper" and not hopper_available(device):
-        raise ValueError("the 'hopper' backend needs an sm_90 GPU and triton 3.6.x")
+    if backend != "portable":
+        from .kernels.hopper import SUPPORTED_FORMATS, supports
+
+        fits = hopper_available(device) and supports(q, kv_format)
+        if backend is None:
+            backend = "hopper" if fits else "portable"
+        elif not hopper_available(device):
+            raise ValueError("the 'hopper' backend needs an sm_90 GPU and triton 3.6.x")
+        elif not fits:
+            raise ValueError(f"the 'hopper' backend takes a bf16 q with the {SUPPORTED_FORMATS} cache formats; "
+                             f"got a {q.dtype} q with {kv_format!r} (use backend='portable')")
     if b == 0:
         return out, lse
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()

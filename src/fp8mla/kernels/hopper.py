@@ -1,0 +1,441 @@
+"""Hopper (sm_90a) split-KV MLA decode kernel in Gluon, for the FP8 cache formats.
+
+One CTA handles one part of the split-KV schedule for 64 query rows, with three warp-specialised partitions:
+
+  producer (1 warp)   TMA: each KV page's latent [64, 512] and RoPE [64, 64] into a STAGES-deep ring.
+  WG0 (4 warps)       quantizes q (latent e4m3 with a scale per row, RoPE kept bf16) into shared memory; per page:
+                      S = q_lat.k_lat^T (FP8 wgmma), scaled, + q_rope.k_rope^T (BF16 wgmma); online softmax;
+                      P (times each token's V scale, times 448 / the page's largest scale) -> e4m3 -> shared
+                      memory with the row rescale factor; O[:, :256] += P.V[:, :256] (FP8 wgmma).
+  WG1 (4 warps)       per page: transposes the latent tile into V^T (tokens contiguous, as FP8 wgmma needs its
+                      B operand K-major), zeroing slots past the sequence end; O[:, 256:] += P.V[:, 256:].
+
+V^T rows are stored in a permuted dim order that makes both the LDSM reads and the 16-byte stores bank-conflict
+free; the epilogue writes O's columns back through the inverse permutation. Page order, schedule, partial
+results and their combine are those of the portable kernel (scheduler.py, combine.py).
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .. import formats
+from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, D_LATENT, D_ROPE, END_PAGE, END_REQ, FORMAT_CODE, FP8,
+                        FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE, ROW_BYTES, SCALE_OFFSET)
+
+BLOCK_M = gl.constexpr(64)   # query rows per CTA (one wgmma M)
+HALF = gl.constexpr(256)     # output columns per consumer warpgroup
+STAGES = gl.constexpr(2)     # KV pages in flight per CTA
+Q_CHUNK = gl.constexpr(128)  # q columns quantized at a time
+SUPPORTED_FORMATS = ("fp8", "fp8_rope_bf16")
+
+# ---- layouts ----
+LAT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [64, 512] e4m3
+ROPE_BF16_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [64, 64] bf16
+ROPE_FP8_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [64, 64] e4m3
+VT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [256, 64] e4m3
+P_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [64, 64] e4m3
+VEC_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+# S [64 rows, 64 tokens]: fp8 wgmma layout (k = 32) and the bf16 one (k = 16) it converts to for free
+S_FP8 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32]))
+S_BF16 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
+Q_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1],
+                                       order=[1, 0]))
+
+
+def _t(i):  # token bit i of a [64 tokens, 256 dims] register layout
+    return [1 << i, 0]
+
+
+def _d(i):  # dim bit i
+    return [0, 1 << i]
+
+
+# V half [64 tokens, 256 dims] as read for the transpose: each thread holds 4 dims x 32 tokens, so LDSM reads and
+# (after the dim relabel) 16-byte STS are both bank-conflict free.
+V_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(0), _t(1), _t(2), _t(3), _t(4)],
+                                    lane_bases=[_d(2), _d(3), _d(4), _d(5), _d(6)], warp_bases=[_t(5), _d(7)],
+                                    block_bases=[], shape=[64, 256]))
+
+
+@gluon.jit
+def _vt_row_dim(n):
+    """The V dim stored in row n of a V^T half (the inverse of the relabel in _transpose_half)."""
+    return (n & 0xE0) | ((n & 7) << 2) | ((n >> 3) & 3)
+
+
+@gluon.jit
+def _transpose_half(src, dst, valid_tokens, MASK: gl.constexpr):
+    """dst[n, t] = src[t, _vt_row_dim(n)] for a [64, 256] e4m3 half; tokens >= valid_tokens become 0 if MASK.
+
+    The 4x4 byte transposes are 8 PRMT per 4 words (inline asm; each asm operand is the 32-bit word holding 4
+    consecutive dims of one token). Every reshape/permute/split/join here only relabels registers.
+    """
+    x = src.load(V_LOAD)
+    if MASK:  # cache slots past the sequence end may hold anything, NaN included, and P * NaN = NaN
+        tok = gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, V_LOAD))
+        x = gl.where((tok < valid_tokens)[:, None], x, gl.zeros_like(x))
+    x = gl.permute(gl.reshape(x, [16, 2, 2, 256]), (0, 3, 1, 2))      # (token // 4, dim, token bit 1, bit 0)
+    xa, xb = gl.split(x)
+    x0, x2 = gl.split(xa)
+    x1, x3 = gl.split(xb)
+    y0, y1, y2, y3 = gl.inline_asm_elementwise(
+        """
+        {
+        .reg .b32 lo01, hi01, lo23, hi23;
+        prmt.b32 lo01, $4, $5, 0x5140;
+        prmt.b32 hi01, $4, $5, 0x7362;
+        prmt.b32 lo23, $6, $7, 0x5140;
+        prmt.b32 hi23, $6, $7, 0x7362;
+        prmt.b32 $0, lo01, lo23, 0x5410;
+        prmt.b32 $1, lo01, lo23, 0x7632;
+        prmt.b32 $2, hi01, hi23, 0x5410;
+        prmt.b32 $3, hi01, hi23, 0x7632;
+        }
+        """, "=r,=r,=r,=r,r,r,r,r", [x0, x1, x2, x3],
+        dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
+    # y_j[i, 4q + e] = V[4i + e, 4q + j]
+    w = gl.join(gl.join(y0, y1), gl.join(y2, y3))
+    w = gl.permute(gl.reshape(w, [16, 64, 4, 2, 2]), (0, 2, 1, 4, 3))
+    z = gl.reshape(w, [64, 256])                                       # z[token, dim]
+    z = gl.reshape(gl.permute(gl.reshape(z, [64, 8, 8, 4]), (0, 1, 3, 2)), [64, 256])  # dim relabel
+    dst.store(gl.permute(z, (1, 0)))
+
+
+@gluon.jit
+def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope):
+    """One request's 64 query rows into shared memory: latent as e4m3 with a scale per row (returned), RoPE bf16.
+
+    Read in 128-column chunks (twice: amax, then scale) so no thread holds a whole row.
+    """
+    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, Q_LOAD))
+    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
+    ok = (rows < R)[:, None]
+    cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
+    amax = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, Q_LOAD))
+    for c in gl.static_range(D_LATENT // Q_CHUNK):
+        x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
+        amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
+    descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
+    for c in gl.static_range(D_LATENT // Q_CHUNK):
+        x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
+        q_lat.slice(c * Q_CHUNK, Q_CHUNK, dim=1).store((x / descale[:, None]).to(gl.float8e4nv))
+    r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
+    q_rope.store(gl.load(row_ptr + D_LATENT + r, mask=ok, other=0.0))
+    fence_async_shared()
+    return descale
+
+
+@gluon.jit
+def _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req):
+    """(seqlen, first page, end page) of request req within this CTA's part."""
+    seqlen = gl.load(seqlens_ptr + req)
+    lo = gl.where(req == begin_req, gl.load(meta_ptr + BEGIN_PAGE), 0)
+    hi = gl.where(req == end_req, gl.load(meta_ptr + END_PAGE), (seqlen + PAGE_SIZE - 1) // PAGE_SIZE)
+    return seqlen, lo, gl.minimum(hi, max_pages)
+
+
+@gluon.jit
+def _producer(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, block_table_ptr, stride_bt, max_pages,
+              seqlens_ptr, meta_ptr):
+    begin_req = gl.load(meta_ptr + BEGIN_REQ)
+    end_req = gl.load(meta_ptr + END_REQ)
+    it = 0
+    for req in range(begin_req, end_req + 1):
+        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        for blk in range(lo, hi):
+            row = gl.load(block_table_ptr + req * stride_bt + blk) * PAGE_SIZE
+            s = it % STAGES
+            mbarrier.wait(kv_empty.index(s), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(kv_ready.index(s), lat_desc.block_type.nbytes + rope_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(lat_desc, [row, 0], kv_ready.index(s), k_lat.index(s))
+            tma.async_copy_global_to_shared(rope_desc, [row, 0], kv_ready.index(s), k_rope.index(s))
+            it += 1
+
+
+@gluon.jit
+def _store_o_half(o, norm, WG: gl.constexpr, direct, req, split, R, out_ptr, o_part_ptr):
+    """O[:, WG half] * norm -> out (bf16, request with one split) or its partial slot (fp32)."""
+    o = o * gl.convert_layout(norm, gl.SliceLayout(1, O_ACC))[:, None]
+    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_ACC))
+    cols = WG * HALF + _vt_row_dim(gl.arange(0, HALF, gl.SliceLayout(0, O_ACC)))
+    mask = (rows < R)[:, None]
+    if direct:
+        gl.store(out_ptr + (req * R + rows)[:, None] * D_LATENT + cols[None, :], o.to(gl.bfloat16), mask=mask)
+    else:
+        part_rows = split.to(gl.int64) * R + rows
+        gl.store(o_part_ptr + part_rows[:, None] * D_LATENT + cols[None, :], o, mask=mask)
+
+
+@gluon.jit
+def _split_slot(meta_ptr, num_splits_ptr, req, begin_req):
+    """(True if the request has a single split, its partial-result slot)."""
+    split0 = gl.load(num_splits_ptr + req)
+    direct = gl.load(num_splits_ptr + req + 1) - split0 == 1
+    split = split0 + gl.where(req == begin_req, gl.load(meta_ptr + BEGIN_SPLIT), 0)
+    return direct, split
+
+
+@gluon.jit
+def _wg0(q_ptr, stride_qb, stride_qs, stride_qh, kv_ptr, block_table_ptr, stride_bt, max_pages, seqlens_ptr,
+         meta_ptr, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
+         q_lat, q_rope, k_lat, k_rope, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem,
+         kv_ready, kv_empty, p_ready, p_free, vt_ready, vt_free, epi_ready, epi_free,
+         KV_FORMAT: gl.constexpr, CAUSAL: gl.constexpr):
+    R = H * S_Q
+    row_l: gl.constexpr = gl.SliceLayout(1, S_FP8)
+    col_l: gl.constexpr = gl.SliceLayout(0, S_FP8)
+    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
+    s_idx = rows // H
+    tok_in_page = gl.arange(0, PAGE_SIZE, col_l)
+    if KV_FORMAT == FP8:
+        sm_scale_log2 = sm_scale_log2 * gl.load(descale_k_ptr)  # the per-tensor scale multiplies every score
+    begin_req = gl.load(meta_ptr + BEGIN_REQ)
+    end_req = gl.load(meta_ptr + END_REQ)
+    it = 0
+    n_req = 0
+    for req in range(begin_req, end_req + 1):
+        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        if lo < hi:
+            q_descale = _load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope)
+            q_scale = gl.convert_layout(q_descale, row_l)
+
+            if CAUSAL:  # query token s sees keys [0, seqlen - (S_Q - 1 - s))
+                key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
+            else:
+                key_limit = gl.zeros([BLOCK_M], gl.int32, row_l) + seqlen
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
+            l_i = gl.zeros([BLOCK_M], gl.float32, row_l)
+            o = gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC)
+            v_unit = gl.to_tensor(1.0)  # the V scale O is currently expressed in (page-local, see P below)
+
+            for blk in range(lo, hi):
+                s = it % STAGES
+                mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
+                tok = blk * PAGE_SIZE + tok_in_page
+                in_seq = tok < seqlen
+                # ---- S = q_lat.k_lat^T * scales + q_rope.k_rope^T ----
+                acc = warpgroup_mma(q_lat, k_lat.index(s).permute((1, 0)),
+                                    gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8), use_acc=False, is_async=True)
+                if KV_FORMAT == FP8_ROPE_BF16:
+                    k_scale = gl.load((kv_ptr + (gl.load(block_table_ptr + req * stride_bt + blk).to(gl.int64)
+                                                 * PAGE_SIZE + tok_in_page) * ROW_BYTES + SCALE_OFFSET)
+                                      .to(gl.pointer_type(gl.float32), bitcast=True), mask=in_seq, other=0.0)
+                    rope_src = k_rope.index(s)
+                else:  # FP8: the RoPE part is e4m3 in the cache; widen it to bf16 for the bf16 q_rope
+                    k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
+                    k_rope_bf16.store(k_rope.index(s).load(Q_LOAD).to(gl.bfloat16))
+                    fence_async_shared()
+                    rope_src = k_rope_bf16
+                acc = warpgroup_mma_wait(0, deps=[acc, q_lat, k_lat.index(s)])[0]
+                acc = gl.convert_layout(acc * q_scale[:, None] * k_scale[None, :], S_BF16, assert_trivial=True)
+                acc = warpgroup_mma(q_rope, rope_src.permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=[acc, q_rope, rope_src])[0]
+                mbarrier.arrive(kv_empty.index(s))
+                sc = gl.convert_layout(acc, S_FP8, assert_trivial=True)
+
+                # ---- online softmax, base 2 (a row that has seen no key keeps m = -inf, p = 0) ----
+                visible = in_seq[None, :] & (tok[None, :] < key_limit[:, None])
+                sc = gl.where(visible, sc * sm_scale_log2, float("-inf"))
+                m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+                p = gl.exp2(sc - m_safe[:, None])
+                alpha = gl.exp2(m_i - m_safe)
+                l_i = l_i * alpha + gl.sum(p, axis=1)
+                m_i = m_new
+                # P * each token's V scale, in units of the page's largest scale so e4m3 keeps its whole range
+                if KV_FORMAT == FP8_ROPE_BF16:
+                    page_unit = gl.maximum(gl.max(k_scale, axis=0), 1e-30)
+                    p = p * (k_scale * (FP8_MAX / page_unit))[None, :]
+                else:
+                    page_unit = gl.to_tensor(1.0)
+                    p = p * FP8_MAX
+                alpha = alpha * (v_unit / page_unit)
+                v_unit = page_unit
+
+                pb = it % 2
+                phase = (it // 2) & 1
+                mbarrier.wait(p_free.index(pb), phase ^ 1)
+                p_smem.index(pb).store(p.to(gl.float8e4nv))
+                alpha_smem.index(pb).store(alpha)
+                fence_async_shared()
+                mbarrier.arrive(p_ready.index(pb))
+
+                # ---- O[:, :256] = O * alpha + P.V[:, :256] ----
+                mbarrier.wait(vt_ready.index(pb), phase)
+                o = o * gl.convert_layout(alpha, gl.SliceLayout(1, O_ACC))[:, None]
+                o = warpgroup_mma(p_smem.index(pb), vt.index(2 * pb).permute((1, 0)), o, is_async=True)
+                o = warpgroup_mma_wait(0, deps=[o, p_smem.index(pb), vt.index(2 * pb)])[0]
+                mbarrier.arrive(p_free.index(pb))
+                mbarrier.arrive(vt_free.index(pb))
+                it += 1
+
+            # ---- epilogue: 1/l (and the FP8 unit) to WG1, both halves out ----
+            seen = l_i > 0
+            if KV_FORMAT == FP8:
+                o_scale = gl.load(descale_k_ptr) / FP8_MAX
+            else:
+                o_scale = v_unit / FP8_MAX
+            norm = gl.where(seen, o_scale / l_i, 0.0)
+            mbarrier.wait(epi_free, (n_req & 1) ^ 1)
+            norm_smem.store(norm)
+            mbarrier.arrive(epi_ready)
+            direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+            _store_o_half(o, norm, 0, direct, req, split, R, out_ptr, o_part_ptr)
+            lse = gl.where(seen, (m_i + gl.log2(l_i)) * LN2, float("inf"))
+            row_ok = rows < R
+            if direct:
+                gl.store(lse_ptr + req * R + (rows % H) * S_Q + s_idx, lse, mask=row_ok)
+            else:
+                gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, gl.where(seen, lse, float("-inf")),
+                         mask=row_ok)
+            n_req += 1
+
+
+@gluon.jit
+def _wg1(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q,
+         k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, vt_ready, vt_free,
+         epi_ready, epi_free):
+    R = H * S_Q
+    begin_req = gl.load(meta_ptr + BEGIN_REQ)
+    end_req = gl.load(meta_ptr + END_REQ)
+    it = 0
+    n_req = 0
+    for req in range(begin_req, end_req + 1):
+        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        if lo < hi:
+            o = gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC)
+            for blk in range(lo, hi):
+                s = it % STAGES
+                pb = it % 2
+                phase = (it // 2) & 1
+                mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
+                mbarrier.wait(vt_free.index(pb), phase ^ 1)
+                valid = seqlen - blk * PAGE_SIZE
+                for h in gl.static_range(2):
+                    src = k_lat.index(s).slice(h * HALF, HALF, dim=1)
+                    if valid < PAGE_SIZE:
+                        _transpose_half(src, vt.index(2 * pb + h), valid, True)
+                    else:
+                        _transpose_half(src, vt.index(2 * pb + h), valid, False)
+                fence_async_shared()
+                mbarrier.arrive(kv_empty.index(s))
+                mbarrier.arrive(vt_ready.index(pb))
+
+                # ---- O[:, 256:] = O * alpha + P.V[:, 256:] ----
+                mbarrier.wait(p_ready.index(pb), phase)
+                alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, O_ACC))
+                o = o * alpha[:, None]
+                o = warpgroup_mma(p_smem.index(pb), vt.index(2 * pb + 1).permute((1, 0)), o, is_async=True)
+                o = warpgroup_mma_wait(0, deps=[o, p_smem.index(pb), vt.index(2 * pb + 1)])[0]
+                mbarrier.arrive(p_free.index(pb))
+                mbarrier.arrive(vt_free.index(pb))
+                it += 1
+
+            mbarrier.wait(epi_ready, n_req & 1)
+            norm = norm_smem.load(gl.SliceLayout(1, O_ACC))
+            mbarrier.arrive(epi_free)
+            direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+            _store_o_half(o, norm, 1, direct, req, split, R, out_ptr, o_part_ptr)
+            n_req += 1
+
+
+@gluon.jit
+def mla_decode_hopper_kernel(
+        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, kv_ptr,
+        block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
+        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
+        KV_FORMAT: gl.constexpr, CAUSAL: gl.constexpr):
+    meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
+    q_lat = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, D_LATENT], LAT_SMEM)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_ROPE], ROPE_BF16_SMEM)
+    k_lat = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE_SIZE, D_LATENT], LAT_SMEM)
+    k_rope = gl.allocate_shared_memory(rope_desc.dtype, [STAGES, PAGE_SIZE, D_ROPE], rope_desc.layout)
+    if KV_FORMAT == FP8:
+        k_rope_bf16 = gl.allocate_shared_memory(gl.bfloat16, [PAGE_SIZE, D_ROPE], ROPE_BF16_SMEM)
+    else:
+        k_rope_bf16 = q_rope  # unused
+    vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)   # 2 pages x 2 halves
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, PAGE_SIZE], P_SMEM)
+    alpha_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], VEC_SMEM)
+    norm_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    vt_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    vt_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    epi_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    epi_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)   # WG0 after Q.K^T, WG1 after the transpose
+    for i in gl.static_range(2):
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(p_free.index(i), count=2)
+        mbarrier.init(vt_ready.index(i), count=1)
+        mbarrier.init(vt_free.index(i), count=2)
+    mbarrier.init(epi_ready, count=1)
+    mbarrier.init(epi_free, count=1)
+
+    gl.warp_specialize([
+        (_wg0, (q_ptr, stride_qb, stride_qs, stride_qh, kv_ptr, block_table_ptr, stride_bt, max_pages, seqlens_ptr,
+                meta, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_k_ptr, sm_scale_log2, H,
+                S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem,
+                kv_ready, kv_empty, p_ready, p_free, vt_ready, vt_free, epi_ready, epi_free, KV_FORMAT, CAUSAL)),
+        (_wg1, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
+                S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, vt_ready,
+                vt_free, epi_ready, epi_free)),
+        (_producer, (lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, block_table_ptr, stride_bt, max_pages,
+                     seqlens_ptr, meta)),
+    ], [4, 1], [240, 32])
+
+
+# ---- host side ----
+_descriptors: dict = {}
+
+
+def _cache_descriptors(k_cache: torch.Tensor, kv_format: str):
+    """TMA descriptors of a cache's latent and RoPE columns, built once per cache tensor."""
+    key = (k_cache.data_ptr(), tuple(k_cache.shape), kv_format)
+    if key not in _descriptors:
+        rows = k_cache.shape[0] * formats.PAGE_SIZE
+        if kv_format == "fp8_rope_bf16":
+            lat = k_cache.view(torch.float8_e4m3fn).view(rows, formats.ROW_BYTES)[:, :formats.D_LATENT]
+            rope = k_cache.view(rows, formats.ROW_BYTES).view(torch.bfloat16)[
+                :, formats.ROPE_OFFSET // 2:formats.ROW_BYTES // 2]
+            rope_layout = ROPE_BF16_SMEM
+        else:
+            flat = k_cache.view(rows, formats.D_QK)
+            lat, rope = flat[:, :formats.D_LATENT], flat[:, formats.D_LATENT:]
+            rope_layout = ROPE_FP8_SMEM
+        if len(_descriptors) > 64:
+            _descriptors.clear()
+        _descriptors[key] = (
+            TensorDescriptor.from_tensor(lat, [formats.PAGE_SIZE, formats.D_LATENT], LAT_SMEM.value),
+            TensorDescriptor.from_tensor(rope, [formats.PAGE_SIZE, formats.D_ROPE], rope_layout.value))
+    return _descriptors[key]
+
+
+def supports(q: torch.Tensor, kv_format: str) -> bool:
+    """Whether this kernel handles the call (bf16 q with an FP8 cache); the portable kernel does the rest."""
+    return kv_format in SUPPORTED_FORMATS and q.dtype == torch.bfloat16
+
+
+def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
+                  descale_q, descale_k, softmax_scale, causal):
+    b, s_q, h_q, _ = q.shape
+    lat_desc, rope_desc = _cache_descriptors(k_cache, kv_format)
+    grid = (meta.shape[0], -(-(s_q * h_q) // BLOCK_M))
+    mla_decode_hopper_kernel[grid](
+        q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, k_cache.view(torch.uint8),
+        block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta, num_splits,
+        out, lse, o_part, lse_part, descale_k if descale_k is not None else cache_seqlens,
+        softmax_scale * 1.4426950408889634, h_q, s_q,
+        KV_FORMAT=FORMAT_CODE[kv_format], CAUSAL=causal, num_warps=4)
