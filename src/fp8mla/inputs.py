@@ -69,3 +69,28 @@ def make_problem(b: int, s_q: int, h_q: int, seqlens: torch.Tensor | list[int], 
     q[..., D_LATENT:] *= rope_scale
     return DecodeProblem(q.to(torch.bfloat16), kv.view(num_pages, PAGE_SIZE, 1, D_QK), block_table,
                          seqlens.to(device))
+
+
+def plant_needles(problem: DecodeProblem, score: float = 20.0, softmax_scale: float = D_QK ** -0.5,
+                  seed: int = 0) -> list[tuple[int, int, int, int]]:
+    """Overwrite one random key of every request so that it scores ``score`` (a softmax logit, after
+    ``softmax_scale``) against one random head of the last query token, which sees every key under causal
+    masking; randn keys score about N(0, 1), so that row's output should be the needle's V.
+
+    The needle is the query row's own direction, scaled: its values stay in the randn range, so per-tensor FP8
+    scales do not move. Returns ``(request, s, h, cache slot)`` per needle (none for empty requests).
+    """
+    g = torch.Generator().manual_seed(seed)
+    b, s_q, h_q = problem.shape
+    rows = problem.kv.view(-1, D_QK)
+    needles = []
+    for req, n in enumerate(problem.cache_seqlens.tolist()):
+        if n == 0:
+            continue
+        h = int(torch.randint(h_q, (), generator=g))
+        pos = int(torch.randint(n, (), generator=g))
+        q = problem.q[req, s_q - 1, h].float()
+        slot = int(problem.block_table[req, pos // PAGE_SIZE]) * PAGE_SIZE + pos % PAGE_SIZE
+        rows[slot] = (q * (score / (softmax_scale * q.dot(q)))).to(rows.dtype)
+        needles.append((req, s_q - 1, h, slot))
+    return needles

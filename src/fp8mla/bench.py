@@ -1,0 +1,283 @@
+"""The bench: fp8mla's formats and backends and the peer kernels, on the same inputs, in one process.
+
+Every config builds one random problem (``inputs.make_problem``: shuffled pages, NaN in unused cache slots) and
+its fp32 reference on the *unquantized* bf16 inputs. Every method (an fp8mla format on a backend, or a peer) is
+prepared once, with quantization and scheduler metadata outside the timed region as engines do, called once for
+accuracy, then timed with ``triton.testing.do_bench`` (median) on a GPU. A method that fails becomes a row that
+says why; the bench goes on.
+
+Our ``fp8`` rows take an e4m3 q with a per-tensor scale: exactly the inputs of FlashMLA's dense FP8 kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+
+from .api import BACKENDS, flash_mla_with_kvcache, hopper_available
+from .formats import D_LATENT, D_QK, KV_FORMATS
+from .inputs import make_problem, make_seqlens, plant_needles
+from .metrics import decode_bytes, decode_flops, format_speed, needle_report, output_error, speed
+from .peers import Peer, load_peers
+from .reference import reference_mla_decode
+from .report import describe, write_report
+from .scheduler import get_mla_metadata
+
+SOFTMAX_SCALE = D_QK ** -0.5
+SEED_BATCHES = (32, 48, 64, 128)
+
+
+@dataclass(frozen=True)
+class Config:
+    b: int
+    s_q: int
+    h_q: int
+    mean_sk: int
+    causal: bool = True
+    varlen: bool = False
+    rope_scale: float = 1.0
+    needle: bool = False
+    name: str = ""  # the accuracy case it stands for
+
+    @property
+    def label(self) -> str:
+        words = [f"b={self.b} s_q={self.s_q} h_q={self.h_q} sk={self.mean_sk}"]
+        words += ["varlen"] if self.varlen else []
+        words += ["causal" if self.causal else "non-causal"]
+        words += [f"RoPE ×{self.rope_scale:g}"] if self.rope_scale != 1 else []
+        words += ["needle"] if self.needle else []
+        return (f"{self.name}: " if self.name else "") + " ".join(words)
+
+
+def speed_suite(tiny: bool = False) -> list[Config]:
+    """The seed table (s_q=2, h_q=64, 8k tokens) and one memory-bound config; ``tiny`` for the interpreter."""
+    if tiny:
+        return [Config(b, 2, 16, 100) for b in (1, 2)] + [Config(2, 1, 16, 130)]
+    return [Config(b, 2, 64, 8192) for b in SEED_BATCHES] + [Config(128, 1, 16, 8192)]
+
+
+def accuracy_suite(tiny: bool = False) -> list[Config]:
+    """randn, RoPE dims ×8, a long context, and a planted needle at a short and at the long context."""
+    b, h_q, short, long = (2, 16, 200, 700) if tiny else (32, 64, 8192, 131072)
+    long_b = 1 if tiny else 2
+    return [Config(b, 2, h_q, short, name="randn"),
+            Config(b, 2, h_q, short, rope_scale=8.0, name="RoPE ×8"),
+            Config(long_b, 2, h_q, long, name="long"),
+            Config(min(b, 8), 2, h_q, short, needle=True, name="needle"),
+            Config(long_b, 2, h_q, long, needle=True, name="needle long")]
+
+
+class Case:
+    """One config's problem, its fp32 reference and its quantized inputs (shared by every method)."""
+
+    def __init__(self, config: Config, device: torch.device, seed: int):
+        self.config = config
+        seqlens = make_seqlens(config.b, config.mean_sk, config.varlen, generator=torch.Generator().manual_seed(seed))
+        self.problem = make_problem(config.b, config.s_q, config.h_q, seqlens, device=device,
+                                    rope_scale=config.rope_scale, seed=seed)
+        self.needles = plant_needles(self.problem, softmax_scale=SOFTMAX_SCALE, seed=seed) if config.needle else []
+        p = self.problem
+        self.ref_out, self.ref_lse = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens,
+                                                          softmax_scale=SOFTMAX_SCALE, causal=config.causal)
+        self.total_seqlen = int(p.cache_seqlens.sum())
+        self._inputs: dict[tuple[str, bool], dict] = {}
+
+    def inputs(self, kv_format: str, q_fp8: bool = False) -> dict:
+        key = (kv_format, q_fp8)
+        if key not in self._inputs:
+            self._inputs[key] = self.problem.quantized(kv_format, q_fp8)
+        return self._inputs[key]
+
+
+@dataclass
+class Method:
+    label: str
+    kind: str           # "bf16" or "fp8": fp8mla rows are compared with the peers of their kind
+    cache_format: str   # for the bytes formula
+    q_fp8: bool
+    prepare: Callable[[Case], tuple[Callable, tuple]] | None  # -> (timed call, first (out, lse))
+    peer: bool = False
+    unavailable: str | None = None
+
+
+def our_method(kv_format: str, backend: str) -> Method:
+    q_fp8 = kv_format == "fp8"  # the e4m3 q FlashMLA's dense FP8 kernel gets
+
+    def prepare(case: Case):
+        p, (b, s_q, h_q) = case.problem, case.problem.shape
+        x = case.inputs(kv_format, q_fp8)
+        meta, num_splits = get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
+        call = functools.partial(flash_mla_with_kvcache, x["q"], x["k_cache"], p.block_table, p.cache_seqlens,
+                                 D_LATENT, meta, num_splits, SOFTMAX_SCALE, case.config.causal, x["descale_q"],
+                                 x["descale_k"], kv_format, backend=backend)
+        first = call(validate=True)  # checks every input once; the timed call skips the host read-back
+        return functools.partial(call, validate=False), first
+    return Method(f"fp8mla {kv_format} ({backend})", "bf16" if kv_format == "bf16" else "fp8", kv_format, q_fp8,
+                  prepare)
+
+
+def peer_method(peer: Peer) -> Method:
+    def prepare(case: Case):
+        call = peer.prepare(case.problem, case.config.causal, SOFTMAX_SCALE, case.inputs)
+        return call, call()
+    return Method(peer.name, peer.kind, peer.cache_format, peer.q_fp8, prepare if peer.prepare else None, peer=True,
+                  unavailable=peer.error)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)  # a kernel's asynchronous error surfaces here, inside its row
+
+
+def run_method(method: Method, case: Case, timer: Callable[[Callable], float] | None) -> dict:
+    """One row: accuracy of the first call, then (with a timer) speed; an error ends the row with its message."""
+    row = dict(config=asdict(case.config), label=case.config.label, method=method.label, kind=method.kind,
+               peer=method.peer, cache_format=method.cache_format, q_fp8=method.q_fp8, error=None)
+    if method.prepare is None:
+        row["error"] = f"unavailable: {method.unavailable}"
+        return row
+    device = case.problem.q.device
+    try:
+        call, (out, lse) = method.prepare(case)
+        _sync(device)
+        row.update(output_error(out, lse, case.ref_out, case.ref_lse))
+        if case.needles:
+            row.update(needle_report(out, case.ref_out, case.problem.kv, case.needles))
+        if timer is not None:
+            b, s_q, h_q = case.problem.shape
+            ms = timer(call)
+            _sync(device)
+            flops = decode_flops(s_q, h_q, case.total_seqlen)
+            nbytes = decode_bytes(b, s_q, h_q, case.total_seqlen, method.cache_format, 1 if method.q_fp8 else 2)
+            row.update(speed(ms, flops, nbytes), flops=flops, bytes=nbytes)
+    except Exception as e:
+        row["error"] = describe(e)
+    return row
+
+
+def add_speedups(rows: list[dict]) -> None:
+    """Each fp8mla row's speedup over each peer of its kind in the same run: peer ms / our ms."""
+    peers = [r for r in rows if r["peer"] and r.get("ms")]
+    for r in rows:
+        if not r["peer"] and r.get("ms"):
+            r["speedup"] = {p["method"]: p["ms"] / r["ms"] for p in peers if p["kind"] == r["kind"]}
+
+
+def run_suite(configs: list[Config], methods: list[Method], device: torch.device, timer, seed: int,
+              progress: Callable[[str], None], suite: str) -> list[dict]:
+    rows = []
+    for i, config in enumerate(configs, 1):
+        progress(f"[{suite} {i}/{len(configs)}] {config.label}: inputs and fp32 reference")
+        try:
+            case = Case(config, device, seed)
+        except Exception as e:
+            error = f"inputs failed: {describe(e)}"
+            progress(f"    {error}")
+            rows += [dict(config=asdict(config), label=config.label, method=m.label, kind=m.kind, peer=m.peer,
+                          error=error) for m in methods]
+            continue
+        config_rows = []
+        for method in methods:
+            row = run_method(method, case, timer)
+            progress(f"    {method.label}: {summary(row)}")
+            config_rows.append(row)
+        add_speedups(config_rows)
+        rows += config_rows
+        del case
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return rows
+
+
+def summary(row: dict) -> str:
+    if row.get("error"):
+        return f"failed: {row['error']}"
+    text = f"cos_diff {row['cos_diff']:.2e}"
+    if "ms" in row:
+        text = f"{format_speed(row['ms'], row['tflops'], row['gbps'])}, {text}"
+    return text
+
+
+def gpu_timer(warmup: int, rep: int) -> Callable[[Callable], float]:
+    import triton.testing
+
+    return lambda fn: triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def cpu_time(fn: Callable) -> float:
+    """One call's wall time in ms: the interpreter's numbers only prove the pipeline runs."""
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def build_methods(device: torch.device, formats, backends, peers_dir: str | None, fa3: bool) -> list[Method]:
+    usable = [b for b in (backends or BACKENDS) if b != "hopper" or hopper_available(device)]
+    methods = [our_method(f, b) for f in (formats or KV_FORMATS) for b in usable]
+    if peers_dir:
+        methods += [peer_method(p) for p in load_peers(peers_dir, fa3=fa3)]
+    return methods
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    size = parser.add_argument_group("one config (or a batch sweep) instead of the default suite")
+    size.add_argument("--b", type=int, nargs="+", metavar="B", help="batch size(s); several make a sweep")
+    size.add_argument("--s-q", type=int, help="query tokens per request (default 2)")
+    size.add_argument("--h-q", type=int, help="query heads (default 64)")
+    size.add_argument("--mean-sk", type=int, help="mean cache length in tokens (default 8192)")
+    size.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None, help="default: causal")
+    size.add_argument("--varlen", action="store_true", help="lengths drawn around --mean-sk, as FlashMLA's test")
+    parser.add_argument("--rope-scale", type=float, default=1.0, help="multiply q's and the cache's RoPE dims")
+    parser.add_argument("--format", nargs="+", choices=KV_FORMATS, help="cache formats (default: all)")
+    parser.add_argument("--backend", nargs="+", choices=BACKENDS, help="fp8mla backends (default: all available)")
+    parser.add_argument("--peers", metavar="DIR", help="folder with the peer binaries (FlashMLA, FA3)")
+    parser.add_argument("--no-fa3", dest="fa3", action="store_false", help="leave FA3 out of the peers")
+    parser.add_argument("--accuracy", action="store_true",
+                        help="run the accuracy suite (randn, RoPE ×8, 128k tokens, needles) instead of the speed one")
+    parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
+    parser.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="bench-out", help="folder for the table, JSON and plot")
+    parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests: interpreter, tiny sizes
+
+
+def configs_from_args(args: argparse.Namespace, tiny: bool) -> list[Config]:
+    single = [args.b, args.s_q, args.h_q, args.mean_sk, args.causal]
+    if args.accuracy:
+        if any(v is not None for v in single) or args.varlen or args.rope_scale != 1.0:
+            raise ValueError("the accuracy suite has fixed configs: drop the size options or --accuracy")
+        return accuracy_suite(tiny)
+    if all(v is None for v in single) and not args.varlen:
+        suite = speed_suite(tiny)
+    else:
+        suite = [Config(b, args.s_q or 2, args.h_q or 64, args.mean_sk or 8192,
+                        True if args.causal is None else args.causal, args.varlen) for b in (args.b or [64])]
+    return [Config(c.b, c.s_q, c.h_q, c.mean_sk, c.causal, c.varlen, args.rope_scale) for c in suite]
+
+
+def run_bench(args: argparse.Namespace, command: str) -> int:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        configs = configs_from_args(args, tiny=device.type == "cpu")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+
+    def progress(message: str) -> None:
+        print(f"[{time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+    methods = build_methods(device, args.format, args.backend, args.peers, args.fa3)
+    for m in methods:
+        if m.unavailable:
+            progress(f"{m.label}: {m.unavailable}")
+    timer = None if args.accuracy else (gpu_timer(args.warmup, args.rep) if device.type == "cuda" else cpu_time)
+    suite = "accuracy" if args.accuracy else "speed"
+    rows = run_suite(configs, methods, device, timer, args.seed, progress, suite)
+    print(write_report(rows, suite, device, command, args.out, progress), end="")
+    return 0

@@ -1,0 +1,148 @@
+"""The bench's output: a markdown table (stdout and ``<suite>.md``), every number in ``<suite>.json``, and for
+the speed suite a plot of TFLOPS against batch size (``tflops_vs_batch.png``, if matplotlib is installed)."""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import platform
+
+import torch
+
+from . import __version__
+from .metrics import format_speed
+
+FORMULAS = {
+    "flops": "2 * s_q * sum(seqlens) * h_q * (576 + 512), causal masking not subtracted",
+    "bytes": "sum(seqlens) * h_kv * cache_bytes_per_token + b * s_q * h_q * 576 * q_bytes_per_elem "
+             "+ b * s_q * h_q * 512 * 2",
+    "cache_bytes_per_token": "bf16 1152, fp8 576 (FlashMLA's formula); fp8_rope_bf16 656, its real row size",
+    "q_bytes_per_elem": "1 for an e4m3 q (fp8 rows, FlashMLA dense FP8), else 2",
+    "speedup": "peer ms / fp8mla ms, same run, peers of the same kind (bf16 rows: BF16 peers; fp8 rows: FP8 peer)",
+    "accuracy": "out vs the fp32 reference on the unquantized bf16 inputs: cal_diff (cos_diff, RMSE, amax) and "
+                "the largest |lse - lse_ref| over rows that see a key",
+    "needle": "rows whose output is the planted key's V (cosine > 0.99), against the reference's count",
+}
+
+
+def environment(device: torch.device, command: str) -> dict:
+    import triton
+
+    name = (torch.cuda.get_device_name(device) if device.type == "cuda"
+            else f"CPU {platform.machine()} (Triton interpreter: timings mean nothing)")
+    return dict(device=name, torch=torch.__version__, triton=triton.__version__, python=platform.python_version(),
+                fp8mla=__version__, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                command=command)
+
+
+def describe(e: BaseException, limit: int = 240) -> str:
+    """An exception as one table-safe line: its type and the first line of its message."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def sci(x) -> str:
+    """An error metric for a table cell."""
+    return "n/a" if x is None else f"{x:.2e}"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _metrics_cells(row: dict, suite: str) -> list[str]:
+    if suite == "speed":
+        speedup = ", ".join(f"{v:.2f}× {k}" for k, v in row.get("speedup", {}).items())
+        cells = [format_speed(row["ms"], row["tflops"], row["gbps"]) if "ms" in row else "", speedup]
+    else:
+        cells = []
+    cells += [sci(row.get(k)) if k in row else "" for k in ("cos_diff", "rmse", "amax", "lse_err")]
+    if suite == "accuracy":
+        cells.append(f"{row['needle_hits']}/{row['needle_rows']} (reference {row['needle_ref_hits']}), "
+                     f"cos_diff {sci(row['needle_cos_diff'])}" if "needle_rows" in row else "")
+    if row.get("error"):  # the message takes the first empty cell, so a partial row keeps what it measured
+        blank = cells.index("") if "" in cells else len(cells) - 1
+        cells[blank] = f"**failed**: {row['error']}"
+    return cells
+
+
+def markdown(rows: list[dict], suite: str, env: dict) -> str:
+    head = ["config", "method"] + (["time (median)", "speedup vs peers"] if suite == "speed" else [])
+    head += ["cos_diff", "RMSE", "amax", "lse err"] + (["needle rows = its V"] if suite == "accuracy" else [])
+    lines = [f"## fp8mla {suite}: {env['device']}", "",
+             f"torch {env['torch']}, triton {env['triton']}, {env['date']}; `{env['command']}`", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    previous = None
+    for row in rows:
+        label = row["label"] if row["label"] != previous else ""
+        previous = row["label"]
+        lines.append("| " + " | ".join(_cell(c) for c in [label, row["method"], *_metrics_cells(row, suite)]) + " |")
+    lines += ["", f"FLOPs = {FORMULAS['flops']}; bytes = {FORMULAS['bytes']} ({FORMULAS['cache_bytes_per_token']}; "
+                  f"q: {FORMULAS['q_bytes_per_elem']}). Speedup = {FORMULAS['speedup']}. Accuracy: "
+                  f"{FORMULAS['accuracy']}."]
+    return "\n".join(lines) + "\n"
+
+
+def _finite(x):
+    """JSON without NaN/Infinity literals: non-finite floats become strings."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_finite(v) for v in x]
+    return x
+
+
+def plot_tflops(rows: list[dict], path: str) -> str | None:
+    """TFLOPS vs b, one line per method, for the configs that differ only in b (the largest such group).
+    Returns the path, or None without matplotlib or without a timed row."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        if "tflops" in row:
+            key = tuple((k, v) for k, v in row["config"].items() if k != "b")
+            groups.setdefault(key, []).append(row)
+    if not groups:
+        return None
+    group = max(groups.values(), key=lambda g: len({r["config"]["b"] for r in g}))
+    fig = Figure(figsize=(8, 5))
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for method in dict.fromkeys(r["method"] for r in group):
+        mine = [r for r in group if r["method"] == method]
+        points = sorted((r["config"]["b"], r["tflops"]) for r in mine)
+        ax.plot(*zip(*points), marker="o", linestyle="--" if mine[0]["peer"] else "-", label=method)
+    batches = sorted({r["config"]["b"] for r in group})
+    ax.set_xticks(batches)
+    ax.set_xlabel("batch size b")
+    ax.set_ylabel("TFLOPS (FlashMLA's formula)")
+    ax.set_title("MLA decode, " + group[0]["label"].split(" ", 1)[1])
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def write_report(rows: list[dict], suite: str, device: torch.device, command: str, out_dir: str, progress) -> str:
+    """Write ``<suite>.md``, ``<suite>.json`` (and the plot) to ``out_dir``; return the markdown."""
+    os.makedirs(out_dir, exist_ok=True)
+    env = environment(device, command)
+    table = markdown(rows, suite, env)
+    with open(os.path.join(out_dir, f"{suite}.md"), "w") as f:
+        f.write(table)
+    plot = None
+    if suite == "speed":
+        plot = plot_tflops(rows, os.path.join(out_dir, "tflops_vs_batch.png"))
+        progress(f"plot: {plot}" if plot else "plot: skipped (matplotlib missing or nothing timed)")
+    with open(os.path.join(out_dir, f"{suite}.json"), "w") as f:
+        json.dump(_finite(dict(environment=env, formulas=FORMULAS, suite=suite, plot=plot, rows=rows)), f, indent=1)
+    progress(f"wrote {suite}.md and {suite}.json to {out_dir}")
+    return table
