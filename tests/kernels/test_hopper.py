@@ -20,17 +20,21 @@ def hopper_sass():
     return {r["name"]: r for r in map(json.loads, out.splitlines())}
 
 
-@pytest.mark.parametrize("fmt", SUPPORTED_FORMATS)
-def test_sass_has_fp8_and_bf16_wgmma_and_tma(hopper_sass, fmt):
-    r = hopper_sass[f"hopper[{fmt}]"]
+VARIANTS = [f"hopper[{f}]" for f in SUPPORTED_FORMATS] + ["hopper[fp8, fp8 q]"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sass_has_fp8_wgmma_and_tma(hopper_sass, variant):
+    r = hopper_sass[variant]
     assert r["QGMMA"] >= 18      # latent Q.K^T (16 x k32) and P.V (2 x n256 per warpgroup)
-    assert r["HGMMA"] >= 4       # RoPE Q.K^T in bf16 (4 x k16)
     assert r["UTMALDG"] > 0      # pages arrive by TMA
+    if "fp8 q" not in variant:
+        assert r["HGMMA"] >= 4   # a bf16 q keeps its RoPE part bf16: RoPE Q.K^T is 4 x k16 bf16 wgmma
 
 
-@pytest.mark.parametrize("fmt", SUPPORTED_FORMATS)
-def test_sass_has_no_local_memory(hopper_sass, fmt):
-    r = hopper_sass[f"hopper[{fmt}]"]
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_sass_has_no_local_memory(hopper_sass, variant):
+    r = hopper_sass[variant]
     assert (r["stack"], r["LDL"], r["STL"]) == (0, 0, 0), r
 
 
@@ -44,15 +48,16 @@ CASES = [  # b, s_q, h_q, seqlens, causal
 
 
 @pytest.mark.hopper
-@pytest.mark.parametrize("kv_format", SUPPORTED_FORMATS)
+@pytest.mark.parametrize("kv_format,q_fp8", [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)])
 @pytest.mark.parametrize("b,s_q,h_q,seqlens,causal", CASES)
 @pytest.mark.parametrize("num_parts", [None, 1, 7])
-def test_hopper_matches_reference(kv_format, b, s_q, h_q, seqlens, causal, num_parts):
+def test_hopper_matches_reference(kv_format, q_fp8, b, s_q, h_q, seqlens, causal, num_parts):
     problem = make_problem(b, s_q, h_q, seqlens, device="cuda")
     meta, num_splits = get_mla_metadata(problem.cache_seqlens, s_q * h_q, 1, num_parts=num_parts)
-    args = problem.quantized(kv_format)
+    args = problem.quantized(kv_format, q_fp8=q_fp8)
     out, lse = flash_mla_with_kvcache(args["q"], args["k_cache"], problem.block_table, problem.cache_seqlens, 512,
-                                      meta, num_splits, causal=causal, descale_k=args["descale_k"], backend="hopper")
+                                      meta, num_splits, causal=causal, descale_q=args["descale_q"],
+                                      descale_k=args["descale_k"], backend="hopper")
     ref_out, ref_lse = reference_mla_decode(problem.q, problem.kv, problem.block_table, problem.cache_seqlens,
                                             causal=causal)
     assert not out.isnan().any() and not lse.isnan().any()
@@ -63,6 +68,6 @@ def test_hopper_matches_reference(kv_format, b, s_q, h_q, seqlens, causal, num_p
     assert torch.allclose(lse[~empty], ref_lse[~empty], atol=0.2, rtol=0)
     # the portable kernel computes the same function
     port, port_lse = flash_mla_with_kvcache(args["q"], args["k_cache"], problem.block_table, problem.cache_seqlens,
-                                            512, meta, num_splits, causal=causal, descale_k=args["descale_k"],
-                                            backend="portable")
+                                            512, meta, num_splits, causal=causal, descale_q=args["descale_q"],
+                                            descale_k=args["descale_k"], backend="portable")
     assert cal_diff(out.float(), port.float())["cos_diff"] <= 1e-3

@@ -108,23 +108,29 @@ def _transpose_half(src, dst, valid_tokens, MASK: gl.constexpr):
 
 
 @gluon.jit
-def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope):
-    """One request's 64 query rows into shared memory: latent as e4m3 with a scale per row (returned), RoPE bf16.
+def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8: gl.constexpr):
+    """One request's 64 query rows into shared memory; returns each row's latent descale.
 
-    Read in 128-column chunks (twice: amax, then scale) so no thread holds a whole row.
+    A bf16 q has its latent part quantized to e4m3 with a scale per row (read in 128-column chunks, twice: amax,
+    then scale, so no thread holds a whole row) and its RoPE part kept bf16; an e4m3 q is copied as it is.
     """
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, Q_LOAD))
     row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
     ok = (rows < R)[:, None]
     cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
-    amax = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, Q_LOAD))
+    if Q_FP8:
+        descale = gl.full([BLOCK_M], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
+    else:
+        amax = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, Q_LOAD))
+        for c in gl.static_range(D_LATENT // Q_CHUNK):
+            x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
+            amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
+        descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
     for c in gl.static_range(D_LATENT // Q_CHUNK):
-        x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
-        amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
-    descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
-    for c in gl.static_range(D_LATENT // Q_CHUNK):
-        x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
-        q_lat.slice(c * Q_CHUNK, Q_CHUNK, dim=1).store((x / descale[:, None]).to(gl.float8e4nv))
+        x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)
+        if not Q_FP8:
+            x = (x.to(gl.float32) / descale[:, None]).to(gl.float8e4nv)
+        q_lat.slice(c * Q_CHUNK, Q_CHUNK, dim=1).store(x)
     r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
     q_rope.store(gl.load(row_ptr + D_LATENT + r, mask=ok, other=0.0))
     fence_async_shared()
@@ -183,18 +189,20 @@ def _split_slot(meta_ptr, num_splits_ptr, req, begin_req):
 
 @gluon.jit
 def _wg0(q_ptr, stride_qb, stride_qs, stride_qh, kv_ptr, block_table_ptr, stride_bt, max_pages, seqlens_ptr,
-         meta_ptr, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
-         q_lat, q_rope, k_lat, k_rope, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem,
+         meta_ptr, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2,
+         H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem,
          kv_ready, kv_empty, p_ready, p_free, vt_ready, vt_free, epi_ready, epi_free,
-         KV_FORMAT: gl.constexpr, CAUSAL: gl.constexpr):
+         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     R = H * S_Q
     row_l: gl.constexpr = gl.SliceLayout(1, S_FP8)
     col_l: gl.constexpr = gl.SliceLayout(0, S_FP8)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
     s_idx = rows // H
     tok_in_page = gl.arange(0, PAGE_SIZE, col_l)
-    if KV_FORMAT == FP8:
-        sm_scale_log2 = sm_scale_log2 * gl.load(descale_k_ptr)  # the per-tensor scale multiplies every score
+    if KV_FORMAT == FP8:  # per-tensor scales multiply every score
+        sm_scale_log2 = sm_scale_log2 * gl.load(descale_k_ptr)
+        if Q_FP8:
+            sm_scale_log2 = sm_scale_log2 * gl.load(descale_q_ptr)
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     it = 0
@@ -202,7 +210,7 @@ def _wg0(q_ptr, stride_qb, stride_qs, stride_qh, kv_ptr, block_table_ptr, stride
     for req in range(begin_req, end_req + 1):
         seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
-            q_descale = _load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope)
+            q_descale = _load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8)
             q_scale = gl.convert_layout(q_descale, row_l)
 
             if CAUSAL:  # query token s sees keys [0, seqlen - (S_Q - 1 - s))
@@ -226,16 +234,23 @@ def _wg0(q_ptr, stride_qb, stride_qs, stride_qh, kv_ptr, block_table_ptr, stride
                     k_scale = gl.load((kv_ptr + (gl.load(block_table_ptr + req * stride_bt + blk).to(gl.int64)
                                                  * PAGE_SIZE + tok_in_page) * ROW_BYTES + SCALE_OFFSET)
                                       .to(gl.pointer_type(gl.float32), bitcast=True), mask=in_seq, other=0.0)
-                    rope_src = k_rope.index(s)
-                else:  # FP8: the RoPE part is e4m3 in the cache; widen it to bf16 for the bf16 q_rope
+                else:
                     k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
-                    k_rope_bf16.store(k_rope.index(s).load(Q_LOAD).to(gl.bfloat16))
-                    fence_async_shared()
-                    rope_src = k_rope_bf16
-                acc = warpgroup_mma_wait(0, deps=[acc, q_lat, k_lat.index(s)])[0]
-                acc = gl.convert_layout(acc * q_scale[:, None] * k_scale[None, :], S_BF16, assert_trivial=True)
-                acc = warpgroup_mma(q_rope, rope_src.permute((1, 0)), acc, is_async=True)
-                acc = warpgroup_mma_wait(0, deps=[acc, q_rope, rope_src])[0]
+                if Q_FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled per tensor afterwards
+                    acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
+                    acc = gl.convert_layout(acc, S_BF16, assert_trivial=True)
+                else:
+                    if KV_FORMAT == FP8:  # the cache's RoPE part is e4m3: widen it to bf16 for the bf16 q_rope
+                        k_rope_bf16.store(k_rope.index(s).load(Q_LOAD).to(gl.bfloat16))
+                        fence_async_shared()
+                        rope_src = k_rope_bf16
+                    else:
+                        rope_src = k_rope.index(s)
+                    acc = warpgroup_mma_wait(0, deps=[acc, q_lat, k_lat.index(s)])[0]
+                    acc = gl.convert_layout(acc * q_scale[:, None] * k_scale[None, :], S_BF16, assert_trivial=True)
+                    acc = warpgroup_mma(q_rope, rope_src.permute((1, 0)), acc, is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=[acc, q_rope, rope_src])[0]
                 mbarrier.arrive(kv_empty.index(s))
                 sc = gl.convert_layout(acc, S_FP8, assert_trivial=True)
 
@@ -349,14 +364,17 @@ def _wg1(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_split
 def mla_decode_hopper_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, kv_ptr,
         block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
-        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
-        KV_FORMAT: gl.constexpr, CAUSAL: gl.constexpr):
+        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
+        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, D_LATENT], LAT_SMEM)
-    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_ROPE], ROPE_BF16_SMEM)
+    if Q_FP8:
+        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, D_ROPE], ROPE_FP8_SMEM)
+    else:
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_ROPE], ROPE_BF16_SMEM)
     k_lat = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE_SIZE, D_LATENT], LAT_SMEM)
     k_rope = gl.allocate_shared_memory(rope_desc.dtype, [STAGES, PAGE_SIZE, D_ROPE], rope_desc.layout)
-    if KV_FORMAT == FP8:
+    if KV_FORMAT == FP8 and not Q_FP8:
         k_rope_bf16 = gl.allocate_shared_memory(gl.bfloat16, [PAGE_SIZE, D_ROPE], ROPE_BF16_SMEM)
     else:
         k_rope_bf16 = q_rope  # unused
@@ -386,9 +404,10 @@ def mla_decode_hopper_kernel(
 
     gl.warp_specialize([
         (_wg0, (q_ptr, stride_qb, stride_qs, stride_qh, kv_ptr, block_table_ptr, stride_bt, max_pages, seqlens_ptr,
-                meta, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_k_ptr, sm_scale_log2, H,
-                S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem,
-                kv_ready, kv_empty, p_ready, p_free, vt_ready, vt_free, epi_ready, epi_free, KV_FORMAT, CAUSAL)),
+                meta, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr,
+                sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem,
+                kv_ready, kv_empty, p_ready, p_free, vt_ready, vt_free, epi_ready, epi_free, KV_FORMAT, Q_FP8,
+                CAUSAL)),
         (_wg1, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
                 S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, vt_ready,
                 vt_free, epi_ready, epi_free)),
@@ -424,8 +443,8 @@ def _cache_descriptors(k_cache: torch.Tensor, kv_format: str):
 
 
 def supports(q: torch.Tensor, kv_format: str) -> bool:
-    """Whether this kernel handles the call (bf16 q with an FP8 cache); the portable kernel does the rest."""
-    return kv_format in SUPPORTED_FORMATS and q.dtype == torch.bfloat16
+    """Whether this kernel handles the call (an FP8 cache; e4m3 q only with "fp8"); the portable one does the rest."""
+    return kv_format in SUPPORTED_FORMATS and (q.dtype == torch.bfloat16 or kv_format == "fp8")
 
 
 def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
@@ -436,6 +455,6 @@ def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_s
     mla_decode_hopper_kernel[grid](
         q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, k_cache.view(torch.uint8),
         block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta, num_splits,
-        out, lse, o_part, lse_part, descale_k if descale_k is not None else cache_seqlens,
-        softmax_scale * 1.4426950408889634, h_q, s_q,
-        KV_FORMAT=FORMAT_CODE[kv_format], CAUSAL=causal, num_warps=4)
+        out, lse, o_part, lse_part, descale_q if descale_q is not None else cache_seqlens,
+        descale_k if descale_k is not None else cache_seqlens, softmax_scale * 1.4426950408889634, h_q, s_q,
+        KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != torch.bfloat16, CAUSAL=causal, num_warps=4)

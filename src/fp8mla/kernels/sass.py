@@ -96,18 +96,19 @@ def hopper_reports() -> list[SassReport]:
 
     reports = []
     rope = {"fp8_rope_bf16": ("bf16", hopper.ROPE_BF16_SMEM), "fp8": ("fp8e4nv", hopper.ROPE_FP8_SMEM)}
-    for fmt in hopper.SUPPORTED_FORMATS:
+    for fmt, q_fp8 in [(f, False) for f in hopper.SUPPORTED_FORMATS] + [("fp8", True)]:
         rope_type, rope_layout = rope[fmt]
-        sig = {"q_ptr": "*bf16", "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
+        sig = {"q_ptr": "*fp8e4nv" if q_fp8 else "*bf16", "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
                "lat_desc": f"tensordesc<fp8e4nv[64, 512],{hopper.LAT_SMEM.value!r}>",
                "rope_desc": f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>", "kv_ptr": "*u8",
                "block_table_ptr": "*i32", "stride_bt": "i32", "max_pages": "i32", "seqlens_ptr": "*i32",
                "meta_ptr": "*i32", "num_splits_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
-               "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "descale_k_ptr": "*fp32", "sm_scale_log2": "fp32",
-               "H": "i32", "S_Q": "i32", "KV_FORMAT": "constexpr", "CAUSAL": "constexpr"}
-        k = compile_sm90(hopper.mla_decode_hopper_kernel, sig, dict(KV_FORMAT=FORMAT_CODE[fmt], CAUSAL=True),
-                         gluon=True, num_warps=4)
-        reports.append(sass_report(k, f"hopper[{fmt}]"))
+               "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32", "descale_k_ptr": "*fp32",
+               "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32", "KV_FORMAT": "constexpr", "Q_FP8": "constexpr",
+               "CAUSAL": "constexpr"}
+        k = compile_sm90(hopper.mla_decode_hopper_kernel, sig,
+                         dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True), gluon=True, num_warps=4)
+        reports.append(sass_report(k, f"hopper[{fmt}{', fp8 q' if q_fp8 else ''}]"))
     return reports
 
 
