@@ -11,7 +11,7 @@ import torch
 
 from fp8mla import peers, reference_mla_decode
 from fp8mla.__main__ import main
-from fp8mla.bench import Config, Method, add_speedups, configs_from_args, our_method, peer_method, run_suite
+from fp8mla.bench import Config, add_speedups, configs_from_args, our_method, peer_method, run_suite
 from fp8mla.inputs import make_problem, plant_needles
 from fp8mla.metrics import decode_bytes, decode_flops, format_speed, needle_report, output_error, speed
 from fp8mla.report import markdown
@@ -193,11 +193,12 @@ def _fa3_schedule(**kwargs):
     return torch.zeros(5, dtype=torch.int32)
 
 
-FAKE_CALLS = []
+FAKE_CALLS = []  # what the fakes saw, for the test to check
+# the dispatcher hands Python kernels their arguments by position: name them back from the schema
+FA3_SCHEDULE_ARGS = [a.split()[-1] for a in SCHEMAS["_vllm_fa3_C"][1].split("(", 1)[1].split(")")[0].split(",")]
 IMPLS = {"dense_decode_fwd": _dense_decode_fwd, "fwd_kvcache_mla_fp8": _fwd_kvcache_mla_fp8,
          "get_mla_decoding_metadata_dense_fp8": _dense_fp8_metadata, "fwd": _fa3_fwd,
          "get_scheduler_metadata": lambda *args: _fa3_schedule(**dict(zip(FA3_SCHEDULE_ARGS, args)))}
-FA3_SCHEDULE_ARGS = [a.split()[-1] for a in SCHEMAS["_vllm_fa3_C"][1].split("(", 1)[1].split(")")[0].split(",")]
 
 
 @pytest.fixture(scope="module")

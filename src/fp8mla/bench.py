@@ -49,9 +49,10 @@ class Config:
         words = [f"b={self.b} s_q={self.s_q} h_q={self.h_q} sk={self.mean_sk}"]
         words += ["varlen"] if self.varlen else []
         words += ["causal" if self.causal else "non-causal"]
+        if self.name:  # the case's name already says what is special about it
+            return f"{self.name}: " + " ".join(words)
         words += [f"RoPE ×{self.rope_scale:g}"] if self.rope_scale != 1 else []
-        words += ["needle"] if self.needle else []
-        return (f"{self.name}: " if self.name else "") + " ".join(words)
+        return " ".join(words + (["needle"] if self.needle else []))
 
 
 def speed_suite(tiny: bool = False) -> list[Config]:

@@ -69,7 +69,8 @@ def _metrics_cells(row: dict, suite: str) -> list[str]:
 
 
 def markdown(rows: list[dict], suite: str, env: dict) -> str:
-    head = ["config", "method"] + (["time (median)", "speedup vs peers"] if suite == "speed" else [])
+    head = ["config" if suite == "speed" else "case", "method"]
+    head += ["time (median)", "speedup vs peers"] if suite == "speed" else []
     head += ["cos_diff", "RMSE", "amax", "lse err"] + (["needle rows = its V"] if suite == "accuracy" else [])
     lines = [f"## fp8mla {suite}: {env['device']}", "",
              f"torch {env['torch']}, triton {env['triton']}, {env['date']}; `{env['command']}`", "",
@@ -79,9 +80,13 @@ def markdown(rows: list[dict], suite: str, env: dict) -> str:
         label = row["label"] if row["label"] != previous else ""
         previous = row["label"]
         lines.append("| " + " | ".join(_cell(c) for c in [label, row["method"], *_metrics_cells(row, suite)]) + " |")
-    lines += ["", f"FLOPs = {FORMULAS['flops']}; bytes = {FORMULAS['bytes']} ({FORMULAS['cache_bytes_per_token']}; "
-                  f"q: {FORMULAS['q_bytes_per_elem']}). Speedup = {FORMULAS['speedup']}. Accuracy: "
-                  f"{FORMULAS['accuracy']}."]
+    if suite == "speed":
+        lines += ["", f"FLOPs = {FORMULAS['flops']}; bytes = {FORMULAS['bytes']} "
+                      f"({FORMULAS['cache_bytes_per_token']}; q: {FORMULAS['q_bytes_per_elem']}). "
+                      f"Speedup = {FORMULAS['speedup']}."]
+    else:
+        lines += ["", f"Needle: {FORMULAS['needle']}."]
+    lines.append(f"Accuracy: {FORMULAS['accuracy']}.")
     return "\n".join(lines) + "\n"
 
 
