@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One device call: GPU facts, the Hopper kernel's GPU tests (a hang is cut by timeout), one bench config.
+# One device call: GPU facts, the Hopper kernel's GPU tests (a hang is cut by timeout), the bench's key configs.
 set -u
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv
-python3 -c "import torch, triton; print(torch.__version__, triton.__version__)"
-timeout 300 python3 -m pytest -q -x -p no:warnings tests/kernels/test_hopper.py -k "matches" 2>&1 | tail -25
-timeout 240 python3 -m fp8mla bench --peers .peers --no-fa3 --b 64 --out "$OUT/bench" 2>"$OUT/bench.log"
-tail -3 "$OUT/bench.log"
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv,noheader
+timeout 300 python3 -m pytest -q -x -p no:warnings tests/kernels/test_hopper.py -k "matches" 2>&1 | tail -15
+for cfg in "--b 64" "--b 128 --s-q 1 --h-q 16"; do
+  timeout 240 python3 -m fp8mla bench --peers .peers --no-fa3 $cfg --out "$OUT/bench" 2>>"$OUT/bench.log" \
+    | grep -E "^\|" | cut -c1-150
+done

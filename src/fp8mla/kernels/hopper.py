@@ -1,18 +1,23 @@
 """Hopper (sm_90a) split-KV MLA decode kernel in Gluon, for the FP8 cache formats.
 
-One CTA handles one part of the split-KV schedule for 64 query rows, with three warp-specialised partitions:
+One CTA handles one part of the split-KV schedule for 64 query rows, with three warp-specialised warpgroups
+(12 warps: ptxas compiles every partition under the launch's 65536 / 384 = 168-register cap, and a PV
+warpgroup's 64 x 256 fp32 accumulator alone takes 128):
 
-  producer (1 warp)   TMA: each KV page's latent [64, 512] and RoPE [64, 64] into a STAGES-deep ring.
-  WG0 (4 warps)       quantizes q (latent e4m3 with a scale per row, RoPE kept bf16) into shared memory; per page:
-                      S = q_lat.k_lat^T (FP8 wgmma), scaled, + q_rope.k_rope^T (BF16 wgmma); online softmax;
-                      P (times each token's V scale, times 448 / the page's largest scale) -> e4m3 -> shared
-                      memory with the row rescale factor; O[:, :256] += P.V[:, :256] (FP8 wgmma).
-  WG1 (4 warps)       per page: transposes the latent tile into V^T (tokens contiguous, as FP8 wgmma needs its
-                      B operand K-major), zeroing slots past the sequence end; O[:, 256:] += P.V[:, 256:].
+  softmax WG            issues the TMA loads of each KV page's latent [64, 512], RoPE [64, 64] (and per-token
+                        scales) into a STAGES-deep shared-memory ring; quantizes q (latent e4m3 with a scale per
+                        row, RoPE kept bf16) into shared memory; per page: S = q_lat.k_lat^T (FP8 wgmma), scaled,
+                        + q_rope.k_rope^T (BF16 wgmma); online softmax; P (times each token's V scale, times
+                        448 / the page's largest scale) -> e4m3 -> shared memory, with the row rescale factor.
+                        A page's Q.K^T runs on the tensor cores while the previous page's softmax runs.
+  2 PV WGs (4 warps)    each owns 256 of the 512 output columns: transposes its half of the page's latent tile
+                        into V^T (tokens contiguous: FP8 wgmma wants its B operand K-major), zeroing slots past the
+                        sequence end, then O = O * alpha + P.V^T, the transpose of the next page overlapping this
+                        page's wgmma.
 
 V^T rows are stored in a permuted dim order that makes both the LDSM reads and the 16-byte stores bank-conflict
-free; the epilogue writes O's columns back through the inverse permutation. Page order, schedule, partial
-results and their combine are those of the portable kernel (scheduler.py, combine.py).
+free; the epilogue writes O's columns back through the inverse permutation. Schedule, partial results and their
+combine are those of the portable kernel (scheduler.py, combine.py).
 """
 from __future__ import annotations
 
@@ -20,23 +25,27 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import formats
 from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, D_LATENT, D_ROPE, END_PAGE, END_REQ, FORMAT_CODE, FP8,
-                        FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE, ROW_BYTES, SCALE_OFFSET)
+                        FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE)
 
 BLOCK_M = gl.constexpr(64)   # query rows per CTA (one wgmma M)
-HALF = gl.constexpr(256)     # output columns per consumer warpgroup
+HALF = gl.constexpr(256)     # output columns per PV warpgroup
+LEFT, RIGHT = gl.constexpr(0), gl.constexpr(1)  # the PV warpgroups' halves
+V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
 STAGES = gl.constexpr(2)     # KV pages in flight per CTA
 Q_CHUNK = gl.constexpr(128)  # q columns quantized at a time
+SCALE_COLS = gl.constexpr(4)              # fp32 columns TMA fetches around each token's scale (16 bytes, TMA's minimum box)
 SUPPORTED_FORMATS = ("fp8", "fp8_rope_bf16")
 
 # ---- layouts ----
 LAT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [64, 512] e4m3
-ROPE_BF16_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))  # [64, 64] bf16
-ROPE_FP8_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [64, 64] e4m3
+ROPE_BF16_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+ROPE_FP8_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))
+SCALE_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))  # [64, 4] fp32
 VT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [256, 64] e4m3
 P_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [64, 64] e4m3
 VEC_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
@@ -46,9 +55,11 @@ S_BF16 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4
 O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
 Q_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1],
                                        order=[1, 0]))
+SCALE_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, SCALE_COLS.value], threads_per_warp=[32, 1],
+                                           warps_per_cta=[4, 1], order=[1, 0]))
 
 
-def _t(i):  # token bit i of a [64 tokens, 256 dims] register layout
+def _t(i):  # token bit i of a [64 tokens, 128 dims] register layout
     return [1 << i, 0]
 
 
@@ -56,22 +67,22 @@ def _d(i):  # dim bit i
     return [0, 1 << i]
 
 
-# V half [64 tokens, 256 dims] as read for the transpose: each thread holds 4 dims x 32 tokens, so LDSM reads and
-# (after the dim relabel) 16-byte STS are both bank-conflict free.
-V_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(0), _t(1), _t(2), _t(3), _t(4)],
-                                    lane_bases=[_d(2), _d(3), _d(4), _d(5), _d(6)], warp_bases=[_t(5), _d(7)],
-                                    block_bases=[], shape=[64, 256]))
+# A [64 tokens, 128 dims] chunk of V as read for the transpose: each thread holds 4 dims x 16 tokens, so the LDSM
+# reads and (after the dim relabel) the 16-byte stores are both bank-conflict free.
+V_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(0), _t(1), _t(2), _t(3)],
+                                                 lane_bases=[_d(2), _d(3), _d(4), _d(5), _d(6)],
+                                                 warp_bases=[_t(4), _t(5)], block_bases=[], shape=[64, 128]))
 
 
 @gluon.jit
 def _vt_row_dim(n):
-    """The V dim stored in row n of a V^T half (the inverse of the relabel in _transpose_half)."""
+    """The V dim stored in row n of V^T (the inverse of the relabel in _transpose_chunk)."""
     return (n & 0xE0) | ((n & 7) << 2) | ((n >> 3) & 3)
 
 
 @gluon.jit
-def _transpose_half(src, dst, valid_tokens, MASK: gl.constexpr):
-    """dst[n, t] = src[t, _vt_row_dim(n)] for a [64, 256] e4m3 half; tokens >= valid_tokens become 0 if MASK.
+def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
+    """dst[n, t] = src[t, _vt_row_dim(n)] for a [64, 128] e4m3 chunk; tokens >= valid_tokens become 0 if MASK.
 
     The 4x4 byte transposes are 8 PRMT per 4 words (inline asm; each asm operand is the 32-bit word holding 4
     consecutive dims of one token). Every reshape/permute/split/join here only relabels registers.
@@ -80,7 +91,7 @@ def _transpose_half(src, dst, valid_tokens, MASK: gl.constexpr):
     if MASK:  # cache slots past the sequence end may hold anything, NaN included, and P * NaN = NaN
         tok = gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, V_LOAD))
         x = gl.where((tok < valid_tokens)[:, None], x, gl.zeros_like(x))
-    x = gl.permute(gl.reshape(x, [16, 2, 2, 256]), (0, 3, 1, 2))      # (token // 4, dim, token bit 1, bit 0)
+    x = gl.permute(gl.reshape(x, [16, 2, 2, V_CHUNK]), (0, 3, 1, 2))  # (token // 4, dim, token bit 1, bit 0)
     xa, xb = gl.split(x)
     x0, x2 = gl.split(xa)
     x1, x3 = gl.split(xb)
@@ -101,9 +112,10 @@ def _transpose_half(src, dst, valid_tokens, MASK: gl.constexpr):
         dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
     # y_j[i, 4q + e] = V[4i + e, 4q + j]
     w = gl.join(gl.join(y0, y1), gl.join(y2, y3))
-    w = gl.permute(gl.reshape(w, [16, 64, 4, 2, 2]), (0, 2, 1, 4, 3))
-    z = gl.reshape(w, [64, 256])                                       # z[token, dim]
-    z = gl.reshape(gl.permute(gl.reshape(z, [64, 8, 8, 4]), (0, 1, 3, 2)), [64, 256])  # dim relabel
+    w = gl.permute(gl.reshape(w, [16, V_CHUNK // 4, 4, 2, 2]), (0, 2, 1, 4, 3))
+    z = gl.reshape(w, [PAGE_SIZE, V_CHUNK])                                    # z[token, dim]
+    z = gl.reshape(gl.permute(gl.reshape(z, [PAGE_SIZE, V_CHUNK // 32, 8, 4]), (0, 1, 3, 2)),
+                   [PAGE_SIZE, V_CHUNK])                                       # dim relabel
     dst.store(gl.permute(z, (1, 0)))
 
 
@@ -147,38 +159,6 @@ def _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req):
 
 
 @gluon.jit
-def _producer(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, block_table_ptr, stride_bt, max_pages,
-              seqlens_ptr, meta_ptr):
-    begin_req = gl.load(meta_ptr + BEGIN_REQ)
-    end_req = gl.load(meta_ptr + END_REQ)
-    it = 0
-    for req in range(begin_req, end_req + 1):
-        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
-        for blk in range(lo, hi):
-            row = gl.load(block_table_ptr + req * stride_bt + blk) * PAGE_SIZE
-            s = it % STAGES
-            mbarrier.wait(kv_empty.index(s), ((it // STAGES) & 1) ^ 1)
-            mbarrier.expect(kv_ready.index(s), lat_desc.block_type.nbytes + rope_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(lat_desc, [row, 0], kv_ready.index(s), k_lat.index(s))
-            tma.async_copy_global_to_shared(rope_desc, [row, 0], kv_ready.index(s), k_rope.index(s))
-            it += 1
-
-
-@gluon.jit
-def _store_o_half(o, norm, WG: gl.constexpr, direct, req, split, R, out_ptr, o_part_ptr):
-    """O[:, WG half] * norm -> out (bf16, request with one split) or its partial slot (fp32)."""
-    o = o * gl.convert_layout(norm, gl.SliceLayout(1, O_ACC))[:, None]
-    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_ACC))
-    cols = WG * HALF + _vt_row_dim(gl.arange(0, HALF, gl.SliceLayout(0, O_ACC)))
-    mask = (rows < R)[:, None]
-    if direct:
-        gl.store(out_ptr + (req * R + rows)[:, None] * D_LATENT + cols[None, :], o.to(gl.bfloat16), mask=mask)
-    else:
-        part_rows = split.to(gl.int64) * R + rows
-        gl.store(o_part_ptr + part_rows[:, None] * D_LATENT + cols[None, :], o, mask=mask)
-
-
-@gluon.jit
 def _split_slot(meta_ptr, num_splits_ptr, req, begin_req):
     """(True if the request has a single split, its partial-result slot)."""
     split0 = gl.load(num_splits_ptr + req)
@@ -188,58 +168,132 @@ def _split_slot(meta_ptr, num_splits_ptr, req, begin_req):
 
 
 @gluon.jit
-def _wg0(q_ptr, stride_qb, stride_qs, stride_qh, kv_ptr, block_table_ptr, stride_bt, max_pages, seqlens_ptr,
-         meta_ptr, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2,
-         H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem,
-         kv_ready, kv_empty, p_ready, p_free, vt_ready, vt_free, epi_ready, epi_free,
-         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
+def _seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req):
+    """The first page of the part at or after (req, blk): requests past their last page are skipped."""
+    seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+    while (blk >= hi) & (req < end_req):
+        req += 1
+        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        blk = lo
+    return req, blk, blk < hi
+
+
+@gluon.jit
+def _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale, kv_ready, kv_empty, block_table_ptr,
+               stride_bt, req, blk, slot, KV_FORMAT: gl.constexpr):
+    """TMA one page into ring slot `slot` (ring position `slot`; waits until the slot's last page is released)."""
+    s = slot % STAGES
+    mbarrier.wait(kv_empty.index(s), ((slot // STAGES) & 1) ^ 1)
+    row = gl.load(block_table_ptr + req * stride_bt + blk) * PAGE_SIZE
+    page_bytes: gl.constexpr = lat_desc.block_type.nbytes + rope_desc.block_type.nbytes
+    if KV_FORMAT == FP8_ROPE_BF16:
+        mbarrier.expect(kv_ready.index(s), page_bytes + scale_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(scale_desc, [row, 0], kv_ready.index(s), k_scale.index(s))
+    else:
+        mbarrier.expect(kv_ready.index(s), page_bytes)
+    tma.async_copy_global_to_shared(lat_desc, [row, 0], kv_ready.index(s), k_lat.index(s))
+    tma.async_copy_global_to_shared(rope_desc, [row, 0], kv_ready.index(s), k_rope.index(s))
+
+
+@gluon.jit
+def _softmax_page(sc, k_scale, blk, seqlen, key_limit, m_i, l_i, v_unit, pt, sm_scale_log2, p_smem, alpha_smem,
+                  p_ready, p_free, KV_FORMAT: gl.constexpr):
+    """Online softmax of one page's scores; hands P (e4m3) and the row rescale factor to the PV warpgroups.
+
+    Returns the new (m, l, V unit). Base 2; a row that has seen no key yet keeps m = -inf and p = 0.
+    """
+    tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(0, S_FP8))
+    visible = (tok < seqlen)[None, :] & (tok[None, :] < key_limit[:, None])
+    sc = gl.where(visible, sc * sm_scale_log2, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(sc - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    # P times each token's V scale, in units of the page's largest scale, so e4m3 keeps its whole range
+    if KV_FORMAT == FP8_ROPE_BF16:
+        page_unit = gl.maximum(gl.max(k_scale, axis=0), 1e-30)
+        p = p * (k_scale * (FP8_MAX / page_unit))[None, :]
+    else:
+        page_unit = v_unit
+        p = p * FP8_MAX
+    alpha = alpha * (v_unit / page_unit)
+    pb = pt % 2
+    mbarrier.wait(p_free.index(pb), ((pt // 2) & 1) ^ 1)
+    p_smem.index(pb).store(p.to(gl.float8e4nv))
+    alpha_smem.index(pb).store(alpha)
+    fence_async_shared()
+    mbarrier.arrive(p_ready.index(pb))
+    return m_new, l_i, page_unit
+
+
+@gluon.jit
+def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr, stride_bt,
+                seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr,
+                sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale_smem, p_smem, alpha_smem,
+                norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
+                KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     R = H * S_Q
     row_l: gl.constexpr = gl.SliceLayout(1, S_FP8)
     col_l: gl.constexpr = gl.SliceLayout(0, S_FP8)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
     s_idx = rows // H
-    tok_in_page = gl.arange(0, PAGE_SIZE, col_l)
     if KV_FORMAT == FP8:  # per-tensor scales multiply every score
         sm_scale_log2 = sm_scale_log2 * gl.load(descale_k_ptr)
         if Q_FP8:
             sm_scale_log2 = sm_scale_log2 * gl.load(descale_q_ptr)
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
-    it = 0
-    n_req = 0
+    # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries
+    load_req, load_blk, load_ok = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req, gl.load(meta_ptr + BEGIN_PAGE),
+                                        begin_req, end_req)
+    loaded = 0
+    for _ in gl.static_range(STAGES):
+        if load_ok:
+            _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
+                       block_table_ptr, stride_bt, load_req, load_blk, loaded, KV_FORMAT)
+            loaded += 1
+            load_req, load_blk, load_ok = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
+                                                begin_req, end_req)
+    it = 0       # pages consumed (KV ring position)
+    n_req = 0    # requests finished (epilogue barrier phase)
     for req in range(begin_req, end_req + 1):
         seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
-            q_descale = _load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8)
-            q_scale = gl.convert_layout(q_descale, row_l)
-
+            q_scale = gl.convert_layout(
+                _load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8), row_l)
             if CAUSAL:  # query token s sees keys [0, seqlen - (S_Q - 1 - s))
                 key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
             else:
                 key_limit = gl.zeros([BLOCK_M], gl.int32, row_l) + seqlen
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_i = gl.zeros([BLOCK_M], gl.float32, row_l)
-            o = gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC)
-            v_unit = gl.to_tensor(1.0)  # the V scale O is currently expressed in (page-local, see P below)
-
+            v_unit = gl.to_tensor(1.0)  # the V scale O is expressed in (page-local for fp8_rope_bf16)
+            prev_s = gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8)
+            prev_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
             for blk in range(lo, hi):
+                # ---- S = q_lat.k_lat^T * scales + q_rope.k_rope^T for this page ... ----
                 s = it % STAGES
                 mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
-                tok = blk * PAGE_SIZE + tok_in_page
-                in_seq = tok < seqlen
-                # ---- S = q_lat.k_lat^T * scales + q_rope.k_rope^T ----
                 acc = warpgroup_mma(q_lat, k_lat.index(s).permute((1, 0)),
                                     gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8), use_acc=False, is_async=True)
-                if KV_FORMAT == FP8_ROPE_BF16:
-                    k_scale = gl.load((kv_ptr + (gl.load(block_table_ptr + req * stride_bt + blk).to(gl.int64)
-                                                 * PAGE_SIZE + tok_in_page) * ROW_BYTES + SCALE_OFFSET)
-                                      .to(gl.pointer_type(gl.float32), bitcast=True), mask=in_seq, other=0.0)
-                else:
-                    k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
                 if Q_FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled per tensor afterwards
                     acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
+                # ---- ... while the previous page's softmax runs ----
+                if blk > lo:
+                    m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, blk - 1, seqlen, key_limit, m_i, l_i, v_unit,
+                                                     it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free,
+                                                     KV_FORMAT)
+                if KV_FORMAT == FP8_ROPE_BF16:
+                    x = k_scale_smem.index(s).load(SCALE_LOAD)
+                    first = gl.arange(0, SCALE_COLS, gl.SliceLayout(0, SCALE_LOAD))[None, :] == 0
+                    k_scale = gl.convert_layout(gl.sum(gl.where(first, x, 0.0), axis=1), col_l)
+                    tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, col_l)
+                    k_scale = gl.where(tok < seqlen, k_scale, 0.0)  # slots past the end may hold NaN
+                else:
+                    k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
+                if Q_FP8:
                     acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
-                    acc = gl.convert_layout(acc, S_BF16, assert_trivial=True)
                 else:
                     if KV_FORMAT == FP8:  # the cache's RoPE part is e4m3: widen it to bf16 for the bf16 q_rope
                         k_rope_bf16.store(k_rope.index(s).load(Q_LOAD).to(gl.bfloat16))
@@ -252,56 +306,28 @@ def _wg0(q_ptr, stride_qb, stride_qs, stride_qh, kv_ptr, block_table_ptr, stride
                     acc = warpgroup_mma(q_rope, rope_src.permute((1, 0)), acc, is_async=True)
                     acc = warpgroup_mma_wait(0, deps=[acc, q_rope, rope_src])[0]
                 mbarrier.arrive(kv_empty.index(s))
-                sc = gl.convert_layout(acc, S_FP8, assert_trivial=True)
-
-                # ---- online softmax, base 2 (a row that has seen no key keeps m = -inf, p = 0) ----
-                visible = in_seq[None, :] & (tok[None, :] < key_limit[:, None])
-                sc = gl.where(visible, sc * sm_scale_log2, float("-inf"))
-                m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-                m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-                p = gl.exp2(sc - m_safe[:, None])
-                alpha = gl.exp2(m_i - m_safe)
-                l_i = l_i * alpha + gl.sum(p, axis=1)
-                m_i = m_new
-                # P * each token's V scale, in units of the page's largest scale so e4m3 keeps its whole range
-                if KV_FORMAT == FP8_ROPE_BF16:
-                    page_unit = gl.maximum(gl.max(k_scale, axis=0), 1e-30)
-                    p = p * (k_scale * (FP8_MAX / page_unit))[None, :]
-                else:
-                    page_unit = gl.to_tensor(1.0)
-                    p = p * FP8_MAX
-                alpha = alpha * (v_unit / page_unit)
-                v_unit = page_unit
-
-                pb = it % 2
-                phase = (it // 2) & 1
-                mbarrier.wait(p_free.index(pb), phase ^ 1)
-                p_smem.index(pb).store(p.to(gl.float8e4nv))
-                alpha_smem.index(pb).store(alpha)
-                fence_async_shared()
-                mbarrier.arrive(p_ready.index(pb))
-
-                # ---- O[:, :256] = O * alpha + P.V[:, :256] ----
-                mbarrier.wait(vt_ready.index(pb), phase)
-                o = o * gl.convert_layout(alpha, gl.SliceLayout(1, O_ACC))[:, None]
-                o = warpgroup_mma(p_smem.index(pb), vt.index(2 * pb).permute((1, 0)), o, is_async=True)
-                o = warpgroup_mma_wait(0, deps=[o, p_smem.index(pb), vt.index(2 * pb)])[0]
-                mbarrier.arrive(p_free.index(pb))
-                mbarrier.arrive(vt_free.index(pb))
+                prev_s = gl.convert_layout(acc, S_FP8, assert_trivial=True)
+                prev_scale = k_scale
                 it += 1
+                if load_ok:  # refill this page's slot once the PV warpgroups have transposed it
+                    _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
+                               block_table_ptr, stride_bt, load_req, load_blk, loaded, KV_FORMAT)
+                    loaded += 1
+                    load_req, load_blk, load_ok = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
+                                                        begin_req, end_req)
+            m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, seqlen, key_limit, m_i, l_i, v_unit, it - 1,
+                                             sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
 
-            # ---- epilogue: 1/l (and the FP8 unit) to WG1, both halves out ----
+            # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
             seen = l_i > 0
             if KV_FORMAT == FP8:
                 o_scale = gl.load(descale_k_ptr) / FP8_MAX
             else:
                 o_scale = v_unit / FP8_MAX
-            norm = gl.where(seen, o_scale / l_i, 0.0)
             mbarrier.wait(epi_free, (n_req & 1) ^ 1)
-            norm_smem.store(norm)
+            norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
             mbarrier.arrive(epi_ready)
             direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
-            _store_o_half(o, norm, 0, direct, req, split, R, out_ptr, o_part_ptr)
             lse = gl.where(seen, (m_i + gl.log2(l_i)) * LN2, float("inf"))
             row_ok = rows < R
             if direct:
@@ -313,9 +339,10 @@ def _wg0(q_ptr, stride_qb, stride_qs, stride_qh, kv_ptr, block_table_ptr, stride
 
 
 @gluon.jit
-def _wg1(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q,
-         k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, vt_ready, vt_free,
-         epi_ready, epi_free):
+def _pv_wg(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
+           S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
+           WG: gl.constexpr):
+    """O[:, 256 WG : 256 (WG + 1)] for every page of the part."""
     R = H * S_Q
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
@@ -324,45 +351,54 @@ def _wg1(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_split
     for req in range(begin_req, end_req + 1):
         seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
-            o = gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC)
+            o = warpgroup_mma_init(gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC))
             for blk in range(lo, hi):
                 s = it % STAGES
                 pb = it % 2
-                phase = (it // 2) & 1
+                vt_page = vt.index(2 * WG + pb)
                 mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
-                mbarrier.wait(vt_free.index(pb), phase ^ 1)
                 valid = seqlen - blk * PAGE_SIZE
-                for h in gl.static_range(2):
-                    src = k_lat.index(s).slice(h * HALF, HALF, dim=1)
+                for c in gl.static_range(HALF // V_CHUNK):
+                    src = k_lat.index(s).slice(WG * HALF + c * V_CHUNK, V_CHUNK, dim=1)
+                    dst = vt_page.slice(c * V_CHUNK, V_CHUNK, dim=0)
                     if valid < PAGE_SIZE:
-                        _transpose_half(src, vt.index(2 * pb + h), valid, True)
+                        _transpose_chunk(src, dst, valid, True)
                     else:
-                        _transpose_half(src, vt.index(2 * pb + h), valid, False)
+                        _transpose_chunk(src, dst, valid, False)
                 fence_async_shared()
                 mbarrier.arrive(kv_empty.index(s))
-                mbarrier.arrive(vt_ready.index(pb))
 
-                # ---- O[:, 256:] = O * alpha + P.V[:, 256:] ----
-                mbarrier.wait(p_ready.index(pb), phase)
+                mbarrier.wait(p_ready.index(pb), (it // 2) & 1)
                 alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, O_ACC))
-                o = o * alpha[:, None]
-                o = warpgroup_mma(p_smem.index(pb), vt.index(2 * pb + 1).permute((1, 0)), o, is_async=True)
-                o = warpgroup_mma_wait(0, deps=[o, p_smem.index(pb), vt.index(2 * pb + 1)])[0]
-                mbarrier.arrive(p_free.index(pb))
-                mbarrier.arrive(vt_free.index(pb))
+                o = warpgroup_mma_wait(0, deps=[o])   # the previous page's P.V
+                if blk > lo:
+                    mbarrier.arrive(p_free.index(1 - pb))
+                o = warpgroup_mma(p_smem.index(pb), vt_page.permute((1, 0)), o * alpha[:, None], is_async=True)
                 it += 1
+            o = warpgroup_mma_wait(0, deps=[o])
+            mbarrier.arrive(p_free.index((it - 1) % 2))
 
+            # ---- epilogue: O * norm -> out (a request with one split) or its partial slot ----
             mbarrier.wait(epi_ready, n_req & 1)
             norm = norm_smem.load(gl.SliceLayout(1, O_ACC))
             mbarrier.arrive(epi_free)
             direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
-            _store_o_half(o, norm, 1, direct, req, split, R, out_ptr, o_part_ptr)
+            o = o * norm[:, None]
+            rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_ACC))
+            cols = WG * HALF + _vt_row_dim(gl.arange(0, HALF, gl.SliceLayout(0, O_ACC)))
+            mask = (rows < R)[:, None]
+            if direct:
+                gl.store(out_ptr + (req * R + rows)[:, None] * D_LATENT + cols[None, :], o.to(gl.bfloat16),
+                         mask=mask)
+            else:
+                part_rows = split.to(gl.int64) * R + rows
+                gl.store(o_part_ptr + part_rows[:, None] * D_LATENT + cols[None, :], o, mask=mask)
             n_req += 1
 
 
 @gluon.jit
 def mla_decode_hopper_kernel(
-        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, kv_ptr,
+        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
         block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
@@ -374,11 +410,15 @@ def mla_decode_hopper_kernel(
         q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_ROPE], ROPE_BF16_SMEM)
     k_lat = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE_SIZE, D_LATENT], LAT_SMEM)
     k_rope = gl.allocate_shared_memory(rope_desc.dtype, [STAGES, PAGE_SIZE, D_ROPE], rope_desc.layout)
+    if KV_FORMAT == FP8_ROPE_BF16:
+        k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, PAGE_SIZE, SCALE_COLS], SCALE_SMEM)
+    else:
+        k_scale = k_rope  # unused
     if KV_FORMAT == FP8 and not Q_FP8:
         k_rope_bf16 = gl.allocate_shared_memory(gl.bfloat16, [PAGE_SIZE, D_ROPE], ROPE_BF16_SMEM)
     else:
         k_rope_bf16 = q_rope  # unused
-    vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)   # 2 pages x 2 halves
+    vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)   # 2 halves x 2 pages
     p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, PAGE_SIZE], P_SMEM)
     alpha_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], VEC_SMEM)
     norm_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
@@ -387,58 +427,60 @@ def mla_decode_hopper_kernel(
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
     p_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-    vt_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-    vt_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
     epi_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     epi_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)   # WG0 after Q.K^T, WG1 after the transpose
+        mbarrier.init(kv_empty.index(i), count=3)   # softmax WG after Q.K^T, each PV WG after its transpose
     for i in gl.static_range(2):
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=2)
-        mbarrier.init(vt_ready.index(i), count=1)
-        mbarrier.init(vt_free.index(i), count=2)
     mbarrier.init(epi_ready, count=1)
-    mbarrier.init(epi_free, count=1)
+    mbarrier.init(epi_free, count=2)
 
     gl.warp_specialize([
-        (_wg0, (q_ptr, stride_qb, stride_qs, stride_qh, kv_ptr, block_table_ptr, stride_bt, max_pages, seqlens_ptr,
-                meta, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr,
-                sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem,
-                kv_ready, kv_empty, p_ready, p_free, vt_ready, vt_free, epi_ready, epi_free, KV_FORMAT, Q_FP8,
-                CAUSAL)),
-        (_wg1, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
-                S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, vt_ready,
-                vt_free, epi_ready, epi_free)),
-        (_producer, (lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, block_table_ptr, stride_bt, max_pages,
-                     seqlens_ptr, meta)),
-    ], [4, 1], [240, 32])
+        (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr,
+                       stride_bt, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr,
+                       descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale,
+                       p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
+                       KV_FORMAT, Q_FP8, CAUSAL)),
+        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
+                  S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
+                  epi_free, LEFT)),
+        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
+                  S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
+                  epi_free, RIGHT)),
+    ], [4, 4], [PV_REGS, PV_REGS])
 
 
 # ---- host side ----
+PV_REGS = gl.constexpr(168)  # 65536 / 384: every warpgroup gets the same
 _descriptors: dict = {}
 
 
 def _cache_descriptors(k_cache: torch.Tensor, kv_format: str):
-    """TMA descriptors of a cache's latent and RoPE columns, built once per cache tensor."""
+    """TMA descriptors of a cache's latent, RoPE (and scale) columns, built once per cache tensor."""
     key = (k_cache.data_ptr(), tuple(k_cache.shape), kv_format)
     if key not in _descriptors:
         rows = k_cache.shape[0] * formats.PAGE_SIZE
         if kv_format == "fp8_rope_bf16":
-            lat = k_cache.view(torch.float8_e4m3fn).view(rows, formats.ROW_BYTES)[:, :formats.D_LATENT]
-            rope = k_cache.view(rows, formats.ROW_BYTES).view(torch.bfloat16)[
-                :, formats.ROPE_OFFSET // 2:formats.ROW_BYTES // 2]
+            row = k_cache.view(rows, formats.ROW_BYTES)
+            lat = row.view(torch.float8_e4m3fn)[:, :formats.D_LATENT]
+            rope = row.view(torch.bfloat16)[:, formats.ROPE_OFFSET // 2:formats.ROW_BYTES // 2]
+            scale = row.view(torch.float32)[:, formats.SCALE_OFFSET // 4:formats.SCALE_OFFSET // 4 + SCALE_COLS.value]
             rope_layout = ROPE_BF16_SMEM
         else:
             flat = k_cache.view(rows, formats.D_QK)
             lat, rope = flat[:, :formats.D_LATENT], flat[:, formats.D_LATENT:]
+            scale = None
             rope_layout = ROPE_FP8_SMEM
         if len(_descriptors) > 64:
             _descriptors.clear()
-        _descriptors[key] = (
-            TensorDescriptor.from_tensor(lat, [formats.PAGE_SIZE, formats.D_LATENT], LAT_SMEM.value),
-            TensorDescriptor.from_tensor(rope, [formats.PAGE_SIZE, formats.D_ROPE], rope_layout.value))
+        lat_desc = TensorDescriptor.from_tensor(lat, [formats.PAGE_SIZE, formats.D_LATENT], LAT_SMEM.value)
+        rope_desc = TensorDescriptor.from_tensor(rope, [formats.PAGE_SIZE, formats.D_ROPE], rope_layout.value)
+        scale_desc = (TensorDescriptor.from_tensor(scale, [formats.PAGE_SIZE, SCALE_COLS.value], SCALE_SMEM.value)
+                      if scale is not None else rope_desc)
+        _descriptors[key] = (lat_desc, rope_desc, scale_desc)
     return _descriptors[key]
 
 
@@ -450,11 +492,12 @@ def supports(q: torch.Tensor, kv_format: str) -> bool:
 def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
                   descale_q, descale_k, softmax_scale, causal):
     b, s_q, h_q, _ = q.shape
-    lat_desc, rope_desc = _cache_descriptors(k_cache, kv_format)
+    lat_desc, rope_desc, scale_desc = _cache_descriptors(k_cache, kv_format)
     grid = (meta.shape[0], -(-(s_q * h_q) // BLOCK_M))
+    dummy = cache_seqlens  # never read: placeholders for absent scales
     mla_decode_hopper_kernel[grid](
-        q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, k_cache.view(torch.uint8),
+        q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
         block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta, num_splits,
-        out, lse, o_part, lse_part, descale_q if descale_q is not None else cache_seqlens,
-        descale_k if descale_k is not None else cache_seqlens, softmax_scale * 1.4426950408889634, h_q, s_q,
+        out, lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
+        descale_k if descale_k is not None else dummy, softmax_scale * LOG2E.value, h_q, s_q,
         KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != torch.bfloat16, CAUSAL=causal, num_warps=4)

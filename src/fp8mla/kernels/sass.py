@@ -100,7 +100,9 @@ def hopper_reports() -> list[SassReport]:
         rope_type, rope_layout = rope[fmt]
         sig = {"q_ptr": "*fp8e4nv" if q_fp8 else "*bf16", "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
                "lat_desc": f"tensordesc<fp8e4nv[64, 512],{hopper.LAT_SMEM.value!r}>",
-               "rope_desc": f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>", "kv_ptr": "*u8",
+               "rope_desc": f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>",
+               "scale_desc": (f"tensordesc<fp32[64, {hopper.SCALE_COLS.value}],{hopper.SCALE_SMEM.value!r}>"
+                              if fmt == "fp8_rope_bf16" else f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>"),
                "block_table_ptr": "*i32", "stride_bt": "i32", "max_pages": "i32", "seqlens_ptr": "*i32",
                "meta_ptr": "*i32", "num_splits_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
                "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32", "descale_k_ptr": "*fp32",
