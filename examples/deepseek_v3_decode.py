@@ -97,8 +97,8 @@ class PagedCache:
     """One layer's paged latent cache for a batch, with an engine's bookkeeping: pages handed out in shuffled
     order as each request grows."""
 
-    def __init__(self, kv_format, batch, max_len, device, descale_k=None, seed=0):
-        self.kv_format, self.descale_k, self.device = kv_format, descale_k, device
+    def __init__(self, kv_format, batch, max_len, device, descale_k=None, seed=0, backend=None):
+        self.kv_format, self.descale_k, self.device, self.backend = kv_format, descale_k, device, backend
         max_pages = -(-max_len // PAGE_SIZE)
         num_pages = batch * max_pages + 1
         self.cache = fp8mla.empty_kv_cache(num_pages, kv_format, device)
@@ -126,12 +126,13 @@ class PagedCache:
         out, _ = fp8mla.flash_mla_with_kvcache(q[:, None].to(torch.bfloat16), self.cache,
                                                self.block_table.to(self.device), seqlens, 512, meta, splits,
                                                softmax_scale=softmax_scale, descale_k=self.descale_k,
-                                               kv_format=self.kv_format)
+                                               kv_format=self.kv_format, backend=self.backend)
         return out[:, 0]
 
 
 @torch.no_grad()
-def compare(size="tiny", kv_formats=fp8mla.KV_FORMATS, device=None, seed=0) -> dict[str, dict[str, float]]:
+def compare(size="tiny", kv_formats=fp8mla.KV_FORMATS, device=None, seed=0,
+            backend=None) -> dict[str, dict[str, float]]:
     """Prefill and decode with the module and with fp8mla per format; ``{format: cal_diff of the layer outputs}``."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     spec = SIZES[size]
@@ -165,7 +166,8 @@ def compare(size="tiny", kv_formats=fp8mla.KV_FORMATS, device=None, seed=0) -> d
         # beyond it saturate)
         descale_k = (torch.cat([all_c, all_pe], -1).abs().amax() / fp8mla.formats.FP8_MAX).reshape(1) \
             if kv_format == "fp8" else None
-        paged = PagedCache(kv_format, len(prompts), max(map(len, prompts)) + len(steps), device, descale_k, seed)
+        paged = PagedCache(kv_format, len(prompts), max(map(len, prompts)) + len(steps), device, descale_k, seed,
+                           backend)
         paged.append(requests, all_c, all_pe)
         got = torch.empty_like(want)
         for s in range(len(steps)):
@@ -181,14 +183,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", choices=sorted(SIZES), default="tiny")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--backend", choices=fp8mla.BACKENDS, help="default: the fastest available")
     args = parser.parse_args()
     spec = SIZES[args.size]
     device = "cuda" if torch.cuda.is_available() else "cpu (Triton interpreter)"
     print(f"DeepSeek-V3 attention, {args.size}: {spec['dims']}, prompts {spec['prompts']}, {spec['steps']} decode "
-          f"steps, on {device}")
+          f"steps, on {device}, backend {args.backend or 'the fastest available'}")
     print("layer output (o_proj) vs the module's eager forward in fp32:")
     print(f"{'format':<15} {'cos_diff':>10} {'RMSE':>10} {'amax':>10}")
-    for kv_format, d in compare(args.size, seed=args.seed).items():
+    for kv_format, d in compare(args.size, seed=args.seed, backend=args.backend).items():
         print(f"{kv_format:<15} {d['cos_diff']:>10.2e} {d['rmse']:>10.2e} {d['amax']:>10.2e}")
 
 

@@ -3,7 +3,8 @@
 A host read-back (``.item()``, ``.tolist()``, ``int(t)``, ``if t:``, ``torch.nonzero``, boolean-mask indexing, ...)
 stalls the CPU until the GPU catches up and breaks CUDA-graph capture. On the CPU we cannot watch the stream, so we
 make every such call raise when fp8mla's own Python code makes it (directly or through torch), and run the path in
-the interpreter. Triton's interpreter itself reads tensors freely; the guard ignores calls that come from it.
+the interpreter (or on the GPU, where tests/test_cuda_graphs.py also runs it under torch's sync debugger). Triton
+itself reads tensors freely (its interpreter, its launcher); the guard ignores calls that come from it.
 """
 import sys
 from contextlib import contextmanager
@@ -80,22 +81,22 @@ def no_host_sync():
             setattr(owner, name, original)
 
 
-def test_guard_catches_a_read_back():
+def test_guard_catches_a_read_back(device):
     """The guard is live: the validating call reads the block table back, and says so."""
-    p = make_problem(2, 1, 16, [100, 70], seed=0)
+    p = make_problem(2, 1, 16, [100, 70], device=device, seed=0)
     meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
     with no_host_sync(), pytest.raises(HostSync, match="tolist"):
         flash_mla_with_kvcache(p.q, p.kv, p.block_table, p.cache_seqlens, 512, meta, splits, validate=True)
 
 
 @pytest.mark.parametrize("kv_format", KV_FORMATS)
-def test_serving_step_has_no_host_sync(kv_format):
+def test_serving_step_has_no_host_sync(kv_format, device):
     """One engine step as it would be captured: metadata, append one token per request, decode."""
-    p = make_problem(3, 1, 16, [65, 1, 130], seed=1)
+    p = make_problem(3, 1, 16, [65, 1, 130], device=device, seed=1)
     cache, descale_k = quantize_kv_cache(p.kv, kv_format)
     # the last token of each request is this step's new token
     last = p.cache_seqlens.long() - 1
-    slots = p.block_table[torch.arange(3), last // 64].long() * 64 + last % 64
+    slots = p.block_table[torch.arange(3, device=device), last // 64].long() * 64 + last % 64
     new = p.kv.reshape(-1, 576)[slots].float()
     expected = cache.clone()
     cache.view(torch.uint8).reshape(-1, cache.shape[-1] * cache.element_size())[slots] = 0
@@ -111,12 +112,12 @@ def test_serving_step_has_no_host_sync(kv_format):
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
 
 
-def test_compat_step_has_no_host_sync():
+def test_compat_step_has_no_host_sync(device):
     """vLLM's calls: cache write into a uint8 [blocks, 64, 576] cache, then the dense-FP8 decode."""
-    p = make_problem(2, 2, 16, [70, 128], seed=2)
+    p = make_problem(2, 2, 16, [70, 128], device=device, seed=2)
     _, descale_k = quantize_fp8_per_tensor(p.kv.nan_to_num())
-    kv_cache = empty_kv_cache(p.kv.shape[0], "fp8").view(torch.uint8).squeeze(2)
-    slots = (p.block_table.long()[..., None] * 64 + torch.arange(64)).flatten()  # every row of the used pages
+    kv_cache = empty_kv_cache(p.kv.shape[0], "fp8", device).view(torch.uint8).squeeze(2)
+    slots = (p.block_table.long()[..., None] * 64 + torch.arange(64, device=device)).flatten()  # every row of the used pages
     tokens = p.kv.reshape(-1, 576)[slots].float().nan_to_num()
     q, descale_q = quantize_fp8_per_tensor(p.q)
     with no_host_sync():
