@@ -18,11 +18,18 @@ from fp8mla.formats import empty_kv_cache, quantize_kv_cache
 from fp8mla.inputs import make_problem
 
 _SYNC_METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy",
-                 "__array__", "unique")
+                 "__array__", "unique", "__repr__", "__str__", "__format__")
 _SYNC_FUNCTIONS = ("nonzero", "unique", "masked_select", "argwhere")
+
+
+def _to_host(args, kwargs):
+    return any(isinstance(t, (str, torch.device)) and str(t) == "cpu" for t in (*args[1:], kwargs.get("device")))
+
+
 # calls that sync only in some forms: where(cond) is nonzero(); repeat_interleave must count its output
-_SYNC_FORMS = {"where": lambda args, kwargs: len(args) + len(kwargs) == 1,
-               "repeat_interleave": lambda args, kwargs: "output_size" not in kwargs}
+_SYNC_FORMS = {(torch, "where"): lambda args, kwargs: len(args) + len(kwargs) == 1,
+               (torch, "repeat_interleave"): lambda args, kwargs: "output_size" not in kwargs,
+               (torch.Tensor, "to"): _to_host}
 
 
 class HostSync(AssertionError):
@@ -68,9 +75,9 @@ def no_host_sync():
         for name in names:
             saved.append((owner, name, getattr(owner, name)))
             setattr(owner, name, _guard(f"{owner.__name__}.{name}", getattr(owner, name)))
-    for name, syncs in _SYNC_FORMS.items():
-        saved.append((torch, name, getattr(torch, name)))
-        setattr(torch, name, _guard(f"torch.{name}", getattr(torch, name), syncs))
+    for (owner, name), syncs in _SYNC_FORMS.items():
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, _guard(f"{owner.__name__}.{name}", getattr(owner, name), syncs))
     for name in ("__getitem__", "__setitem__"):
         saved.append((torch.Tensor, name, getattr(torch.Tensor, name)))
         setattr(torch.Tensor, name, _guard_indexing(name, getattr(torch.Tensor, name)))
