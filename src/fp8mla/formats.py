@@ -154,6 +154,8 @@ def write_kv_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, k_cache: torch.Tensor
         raise ValueError(f"slot_mapping must be an int32/int64 [{kv_c.shape[0]}] tensor")
     if not kv_c.dtype.is_floating_point or not k_pe.dtype.is_floating_point:
         raise TypeError("kv_c and k_pe must be floating point")
+    if kv_c.stride(1) != 1 or k_pe.stride(1) != 1:  # the kernel steps through rows by stride(0) only
+        raise ValueError("kv_c's and k_pe's last dimension must be contiguous")
     if kv_format == "fp8" and (descale_k is None or descale_k.numel() != 1):
         raise ValueError("the 'fp8' format needs descale_k of shape [1]")
     devices = {t.device for t in (kv_c, k_pe, k_cache, slot_mapping)}
