@@ -8,3 +8,4 @@ for cfg in "--b 64" "--b 128 --s-q 1 --h-q 16"; do
   timeout 240 python3 -m fp8mla bench --peers .peers --no-fa3 $cfg --out "$OUT/bench" 2>>"$OUT/bench.log" \
     | grep -E "^\|" | cut -c1-150
 done
+timeout 240 python3 -m pytest -q -x -p no:warnings tests/test_cuda_graphs.py tests/test_no_host_sync.py 2>&1 | tail -6

@@ -4,8 +4,6 @@ Every shape, dtype and device is checked here, once, before any launch; the kern
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 import os
 
 import torch
@@ -21,17 +19,11 @@ def interpreter_active() -> bool:
 
 
 def hopper_available(device: torch.device) -> bool:
-    """True where the Gluon sm_90a kernel can run: it is installed, an sm_90 GPU and triton 3.6.x."""
+    """True where the Gluon sm_90a kernel can run: an sm_90 GPU and triton 3.6.x."""
     import triton
 
     return (device.type == "cuda" and not interpreter_active() and triton.__version__.startswith("3.6.")
-            and torch.cuda.get_device_capability(device) == (9, 0)
-            and _hopper_kernel_installed())
-
-
-@functools.lru_cache(maxsize=None)
-def _hopper_kernel_installed() -> bool:
-    return importlib.util.find_spec("fp8mla.kernels.hopper") is not None
+            and torch.cuda.get_device_capability(device) == (9, 0))
 
 
 def _check_tensor(name, t, dtypes, dim=None):
