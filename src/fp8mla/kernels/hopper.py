@@ -37,7 +37,7 @@ HALF = gl.constexpr(256)     # output columns per PV warpgroup
 LEFT, RIGHT = gl.constexpr(0), gl.constexpr(1)  # the PV warpgroups' halves
 V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
 STAGES = gl.constexpr(2)     # KV pages in flight per CTA
-Q_CHUNK = gl.constexpr(128)  # q columns quantized at a time
+Q_CHUNK = gl.constexpr(64)   # q columns quantized at a time
 SCALE_COLS = gl.constexpr(4)              # fp32 columns TMA fetches around each token's scale (16 bytes, TMA's minimum box)
 SUPPORTED_FORMATS = ("fp8", "fp8_rope_bf16")
 
@@ -53,8 +53,8 @@ VEC_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
 S_FP8 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32]))
 S_BF16 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
 O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
-Q_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1],
-                                       order=[1, 0]))
+Q_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                       order=[1, 0]))  # [64, 64] tiles: q chunks, RoPE parts
 SCALE_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, SCALE_COLS.value], threads_per_warp=[32, 1],
                                            warps_per_cta=[4, 1], order=[1, 0]))
 
@@ -143,8 +143,7 @@ def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8: gl.constexp
         if not Q_FP8:
             x = (x.to(gl.float32) / descale[:, None]).to(gl.float8e4nv)
         q_lat.slice(c * Q_CHUNK, Q_CHUNK, dim=1).store(x)
-    r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
-    q_rope.store(gl.load(row_ptr + D_LATENT + r, mask=ok, other=0.0))
+    q_rope.store(gl.load(row_ptr + D_LATENT + cols, mask=ok, other=0.0))
     fence_async_shared()
     return descale
 
@@ -169,13 +168,14 @@ def _split_slot(meta_ptr, num_splits_ptr, req, begin_req):
 
 @gluon.jit
 def _seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req):
-    """The first page of the part at or after (req, blk): requests past their last page are skipped."""
+    """The first page of the part at or after (req, blk), requests past their last page skipped:
+    (req, blk, whether there is one, the request's seqlen)."""
     seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
     while (blk >= hi) & (req < end_req):
         req += 1
         seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         blk = lo
-    return req, blk, blk < hi
+    return req, blk, blk < hi, seqlen
 
 
 @gluon.jit
@@ -233,7 +233,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale_smem, p_smem, alpha_smem,
                 norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
                 KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
-    R = H * S_Q
+    meta_ptr += gl.program_id(0) * METADATA_WIDTH  # this CTA's part (computed here: values of the parent region
+    R = H * S_Q                                    # reach the partitions through local memory)
     row_l: gl.constexpr = gl.SliceLayout(1, S_FP8)
     col_l: gl.constexpr = gl.SliceLayout(0, S_FP8)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
@@ -245,15 +246,15 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries
-    load_req, load_blk, load_ok = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req, gl.load(meta_ptr + BEGIN_PAGE),
+    load_req, load_blk, load_ok, load_len = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req, gl.load(meta_ptr + BEGIN_PAGE),
                                         begin_req, end_req)
     loaded = 0
-    for _ in gl.static_range(STAGES):
+    for i in gl.static_range(STAGES):
         if load_ok:
             _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
                        block_table_ptr, stride_bt, load_req, load_blk, loaded, KV_FORMAT)
             loaded += 1
-            load_req, load_blk, load_ok = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
+            load_req, load_blk, load_ok, load_len = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
                                                 begin_req, end_req)
     it = 0       # pages consumed (KV ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
@@ -313,7 +314,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                     _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
                                block_table_ptr, stride_bt, load_req, load_blk, loaded, KV_FORMAT)
                     loaded += 1
-                    load_req, load_blk, load_ok = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
+                    load_req, load_blk, load_ok, load_len = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
                                                         begin_req, end_req)
             m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, seqlen, key_limit, m_i, l_i, v_unit, it - 1,
                                              sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
@@ -339,13 +340,38 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
 
 
 @gluon.jit
+def _transpose_page(k_lat, vt, kv_ready, kv_empty, slot, valid, WG: gl.constexpr):
+    """This warpgroup's half of ring slot `slot`'s latent tile -> V^T buffer slot % 2; then releases the slot."""
+    s = slot % STAGES
+    mbarrier.wait(kv_ready.index(s), (slot // STAGES) & 1)
+    for c in gl.static_range(HALF // V_CHUNK):
+        src = k_lat.index(s).slice(WG * HALF + c * V_CHUNK, V_CHUNK, dim=1)
+        dst = vt.index(2 * WG + slot % 2).slice(c * V_CHUNK, V_CHUNK, dim=0)
+        if valid < PAGE_SIZE:
+            _transpose_chunk(src, dst, valid, True)
+        else:
+            _transpose_chunk(src, dst, valid, False)
+    fence_async_shared()
+    mbarrier.arrive(kv_empty.index(s))
+
+
+@gluon.jit
 def _pv_wg(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
            S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
            WG: gl.constexpr):
-    """O[:, 256 WG : 256 (WG + 1)] for every page of the part."""
+    """O[:, 256 WG : 256 (WG + 1)] for every page of the part.
+
+    The transposes run one page ahead of the P.V wgmma (across request boundaries), so a ring slot is released
+    without waiting for the softmax of the page before it.
+    """
     R = H * S_Q
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
+    t_req, t_blk, t_ok, t_len = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req, gl.load(meta_ptr + BEGIN_PAGE),
+                                      begin_req, end_req)
+    if t_ok:
+        _transpose_page(k_lat, vt, kv_ready, kv_empty, 0, t_len - t_blk * PAGE_SIZE, WG)
+        t_req, t_blk, t_ok, t_len = _seek(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk + 1, begin_req, end_req)
     it = 0
     n_req = 0
     for req in range(begin_req, end_req + 1):
@@ -353,27 +379,18 @@ def _pv_wg(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_spl
         if lo < hi:
             o = warpgroup_mma_init(gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC))
             for blk in range(lo, hi):
-                s = it % STAGES
                 pb = it % 2
-                vt_page = vt.index(2 * WG + pb)
-                mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
-                valid = seqlen - blk * PAGE_SIZE
-                for c in gl.static_range(HALF // V_CHUNK):
-                    src = k_lat.index(s).slice(WG * HALF + c * V_CHUNK, V_CHUNK, dim=1)
-                    dst = vt_page.slice(c * V_CHUNK, V_CHUNK, dim=0)
-                    if valid < PAGE_SIZE:
-                        _transpose_chunk(src, dst, valid, True)
-                    else:
-                        _transpose_chunk(src, dst, valid, False)
-                fence_async_shared()
-                mbarrier.arrive(kv_empty.index(s))
-
-                mbarrier.wait(p_ready.index(pb), (it // 2) & 1)
-                alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, O_ACC))
-                o = warpgroup_mma_wait(0, deps=[o])   # the previous page's P.V
+                o = warpgroup_mma_wait(0, deps=[o])   # the previous page's P.V: its P and V^T buffers are free
                 if blk > lo:
                     mbarrier.arrive(p_free.index(1 - pb))
-                o = warpgroup_mma(p_smem.index(pb), vt_page.permute((1, 0)), o * alpha[:, None], is_async=True)
+                if t_ok:  # the next page's V^T, into the buffer that P.V just released
+                    _transpose_page(k_lat, vt, kv_ready, kv_empty, it + 1, t_len - t_blk * PAGE_SIZE, WG)
+                    t_req, t_blk, t_ok, t_len = _seek(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk + 1, begin_req,
+                                                      end_req)
+                mbarrier.wait(p_ready.index(pb), (it // 2) & 1)
+                alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, O_ACC))
+                o = warpgroup_mma(p_smem.index(pb), vt.index(2 * WG + pb).permute((1, 0)), o * alpha[:, None],
+                                  is_async=True)
                 it += 1
             o = warpgroup_mma_wait(0, deps=[o])
             mbarrier.arrive(p_free.index((it - 1) % 2))
@@ -402,7 +419,6 @@ def mla_decode_hopper_kernel(
         block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
-    meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, D_LATENT], LAT_SMEM)
     if Q_FP8:
         q_rope = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, D_ROPE], ROPE_FP8_SMEM)
@@ -440,14 +456,14 @@ def mla_decode_hopper_kernel(
 
     gl.warp_specialize([
         (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr,
-                       stride_bt, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr,
+                       stride_bt, seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr,
                        descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale,
                        p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
                        KV_FORMAT, Q_FP8, CAUSAL)),
-        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
+        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
                   S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
                   epi_free, LEFT)),
-        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
+        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
                   S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
                   epi_free, RIGHT)),
     ], [4, 4], [PV_REGS, PV_REGS])
