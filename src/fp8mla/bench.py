@@ -218,8 +218,11 @@ def cpu_time(fn: Callable) -> float:
 
 
 def build_methods(device: torch.device, formats, backends, peers_dir: str | None, fa3: bool) -> list[Method]:
+    from .kernels.hopper import SUPPORTED_FORMATS
+
     usable = [b for b in (backends or BACKENDS) if b != "hopper" or hopper_available(device)]
-    methods = [our_method(f, b) for f in (formats or KV_FORMATS) for b in usable]
+    methods = [our_method(f, b) for f in (formats or KV_FORMATS) for b in usable
+               if b != "hopper" or f in SUPPORTED_FORMATS]
     if peers_dir:
         methods += [peer_method(p) for p in load_peers(peers_dir, fa3=fa3)]
     return methods

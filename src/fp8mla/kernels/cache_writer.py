@@ -4,7 +4,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .constants import D_LATENT, D_QK, D_ROPE, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET
+from .constants import (D_LATENT, D_QK, D_ROPE, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, ROPE_OFFSET, ROW_BYTES,
+                        SCALE_OFFSET)
 
 
 @triton.jit

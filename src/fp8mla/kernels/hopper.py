@@ -4,7 +4,7 @@ One CTA handles one part of the split-KV schedule for 64 query rows, with three 
 (12 warps: ptxas compiles every partition under the launch's 65536 / 384 = 168-register cap, and a PV
 warpgroup's 64 x 256 fp32 accumulator alone takes 128):
 
-  softmax WG            issues the TMA loads of each KV page's latent [64, 512], RoPE [64, 64] (and per-token
+  softmax WG (4 warps)  issues the TMA loads of each KV page's latent [64, 512], RoPE [64, 64] (and per-token
                         scales) into a STAGES-deep shared-memory ring; quantizes q (latent e4m3 with a scale per
                         row, RoPE kept bf16) into shared memory; per page: S = q_lat.k_lat^T (FP8 wgmma), scaled,
                         + q_rope.k_rope^T (BF16 wgmma); online softmax; P (times each token's V scale, times
@@ -12,8 +12,8 @@ warpgroup's 64 x 256 fp32 accumulator alone takes 128):
                         A page's Q.K^T runs on the tensor cores while the previous page's softmax runs.
   2 PV WGs (4 warps)    each owns 256 of the 512 output columns: transposes its half of the page's latent tile
                         into V^T (tokens contiguous: FP8 wgmma wants its B operand K-major), zeroing slots past the
-                        sequence end, then O = O * alpha + P.V^T, the transpose of the next page overlapping this
-                        page's wgmma.
+                        sequence end, then O = O * alpha + P.V^T. Transposes run one page ahead of the wgmma, so
+                        a ring slot is released early and the transpose overlaps the softmax of the page before.
 
 V^T rows are stored in a permuted dim order that makes both the LDSM reads and the 16-byte stores bank-conflict
 free; the epilogue writes O's columns back through the inverse permutation. Schedule, partial results and their
@@ -37,8 +37,8 @@ HALF = gl.constexpr(256)     # output columns per PV warpgroup
 LEFT, RIGHT = gl.constexpr(0), gl.constexpr(1)  # the PV warpgroups' halves
 V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
 STAGES = gl.constexpr(2)     # KV pages in flight per CTA
-Q_CHUNK = gl.constexpr(64)   # q columns quantized at a time
-SCALE_COLS = gl.constexpr(4)              # fp32 columns TMA fetches around each token's scale (16 bytes, TMA's minimum box)
+Q_CHUNK = gl.constexpr(128)  # q columns quantized at a time
+SCALE_COLS = gl.constexpr(4)  # fp32 columns TMA fetches from each token's scale (16 bytes: TMA's narrowest box)
 SUPPORTED_FORMATS = ("fp8", "fp8_rope_bf16")
 
 # ---- layouts ----
@@ -53,8 +53,8 @@ VEC_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
 S_FP8 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32]))
 S_BF16 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
 O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
-Q_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
-                                       order=[1, 0]))  # [64, 64] tiles: q chunks, RoPE parts
+Q_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1],
+                                       order=[1, 0]))
 SCALE_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, SCALE_COLS.value], threads_per_warp=[32, 1],
                                            warps_per_cta=[4, 1], order=[1, 0]))
 
@@ -143,7 +143,8 @@ def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8: gl.constexp
         if not Q_FP8:
             x = (x.to(gl.float32) / descale[:, None]).to(gl.float8e4nv)
         q_lat.slice(c * Q_CHUNK, Q_CHUNK, dim=1).store(x)
-    q_rope.store(gl.load(row_ptr + D_LATENT + cols, mask=ok, other=0.0))
+    r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
+    q_rope.store(gl.load(row_ptr + D_LATENT + r, mask=ok, other=0.0))
     fence_async_shared()
     return descale
 
@@ -233,8 +234,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale_smem, p_smem, alpha_smem,
                 norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
                 KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
-    meta_ptr += gl.program_id(0) * METADATA_WIDTH  # this CTA's part (computed here: values of the parent region
-    R = H * S_Q                                    # reach the partitions through local memory)
+    R = H * S_Q
     row_l: gl.constexpr = gl.SliceLayout(1, S_FP8)
     col_l: gl.constexpr = gl.SliceLayout(0, S_FP8)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
@@ -246,15 +246,15 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries
-    load_req, load_blk, load_ok, load_len = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req, gl.load(meta_ptr + BEGIN_PAGE),
-                                        begin_req, end_req)
+    load_req, load_blk, load_ok, _len = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
+                                              gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
     loaded = 0
     for i in gl.static_range(STAGES):
         if load_ok:
             _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
                        block_table_ptr, stride_bt, load_req, load_blk, loaded, KV_FORMAT)
             loaded += 1
-            load_req, load_blk, load_ok, load_len = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
+            load_req, load_blk, load_ok, _len = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
                                                 begin_req, end_req)
     it = 0       # pages consumed (KV ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
@@ -314,7 +314,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                     _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
                                block_table_ptr, stride_bt, load_req, load_blk, loaded, KV_FORMAT)
                     loaded += 1
-                    load_req, load_blk, load_ok, load_len = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
+                    load_req, load_blk, load_ok, _len = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
                                                         begin_req, end_req)
             m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, seqlen, key_limit, m_i, l_i, v_unit, it - 1,
                                              sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
@@ -419,6 +419,7 @@ def mla_decode_hopper_kernel(
         block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
+    meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, D_LATENT], LAT_SMEM)
     if Q_FP8:
         q_rope = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, D_ROPE], ROPE_FP8_SMEM)
@@ -456,14 +457,14 @@ def mla_decode_hopper_kernel(
 
     gl.warp_specialize([
         (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr,
-                       stride_bt, seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr,
+                       stride_bt, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr,
                        descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale,
                        p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
                        KV_FORMAT, Q_FP8, CAUSAL)),
-        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
+        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
                   S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
                   epi_free, LEFT)),
-        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
+        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
                   S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
                   epi_free, RIGHT)),
     ], [4, 4], [PV_REGS, PV_REGS])

@@ -17,9 +17,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, BF16, D_LATENT, D_QK, D_ROPE, END_PAGE, END_REQ, FORMAT_CODE,
-                        FP8, FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE, ROPE_OFFSET, ROW_BYTES,
-                        SCALE_OFFSET)
+from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, BF16, D_LATENT, D_QK, D_ROPE, END_PAGE, END_REQ,
+                        FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE, ROPE_OFFSET,
+                        ROW_BYTES, SCALE_OFFSET)
 
 # Promote FP8 partial sums to fp32 every this many products: Hopper's FP8 MMA accumulates in reduced
 # precision, which long contractions (and long contexts) would otherwise pay for.
