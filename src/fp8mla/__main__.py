@@ -19,7 +19,9 @@ def _device_or_interpreter() -> str:
 
     if torch.cuda.is_available():
         return "cuda"
-    if "fp8mla.kernels" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+    from .api import interpreter_active
+
+    if "fp8mla.kernels" in sys.modules and not interpreter_active():
         raise RuntimeError("fp8mla.kernels was imported without TRITON_INTERPRET=1 and there is no GPU")
     os.environ["TRITON_INTERPRET"] = "1"
     return "cpu"

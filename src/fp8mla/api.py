@@ -15,6 +15,7 @@ BACKENDS = ("portable", "hopper")
 
 
 def interpreter_active() -> bool:
+    """Whether Triton's CPU interpreter is switched on (it must be before fp8mla.kernels is imported)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 

@@ -4,13 +4,12 @@
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
+from ..api import interpreter_active
 from ..formats import D_LATENT
 
-if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+if interpreter_active():
     from . import interpreter
     interpreter.apply()
 

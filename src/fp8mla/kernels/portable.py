@@ -190,7 +190,7 @@ def launch_portable(q, k_cache, kv_format, block_table, cache_seqlens, meta, num
         meta, num_splits,
         out, lse, o_part, lse_part,
         descale_q if descale_q is not None else dummy, descale_k if descale_k is not None else dummy,
-        softmax_scale * LOG2E,
+        softmax_scale * LOG2E.value,
         h_q, s_q,
         KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != out.dtype, CAUSAL=causal, BLOCK_M=block_m,
         num_warps=8 if block_m == 64 else 4, num_stages=1)

@@ -35,7 +35,9 @@ class SassReport:
 
 def compile_sm90(fn, signature: dict, constexprs: dict, gluon: bool = False, **options):
     """``triton.compile`` for sm_90a; ``fn`` is a @triton.jit / @gluon.jit function."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    from ..api import interpreter_active
+
+    if interpreter_active():
         raise RuntimeError("compile in a process without TRITON_INTERPRET")
     import triton
     from triton.backends.compiler import GPUTarget
