@@ -68,10 +68,11 @@ def test_split_count_does_not_change_result(num_parts, device):
 
 
 def test_rope_x8(device):
-    """Large RoPE values: the BF16 RoPE path keeps the error at the randn level."""
-    problem = make_problem(1, 1, 32, [512], device=device, rope_scale=8.0)
-    out, lse = run(problem, "fp8_rope_bf16", causal=False)
-    check(problem, out, lse, "fp8_rope_bf16", causal=False)
+    """Large RoPE values make a few keys dominate each row: the BF16 RoPE path and power-of-two token scales
+    (exact in P) keep the error under the issue's 6e-4 (3.8e-4..4.0e-4 over 8 seeds; 8.1e-4 with amax/448 scales)."""
+    problem = make_problem(4, 2, 16, [2048, 1500, 777, 2100], device=device, rope_scale=8.0)
+    out, lse = run(problem, "fp8_rope_bf16", causal=True)
+    assert check(problem, out, lse, "fp8_rope_bf16", causal=True)["cos_diff"] <= 6e-4
 
 
 def test_preallocated_outputs_and_scale(device):

@@ -8,6 +8,10 @@ from .constants import (D_LATENT, D_QK, D_ROPE, FORMAT_CODE, FP8, FP8_MAX, FP8_R
                         SCALE_OFFSET)
 
 
+EXPONENT_MASK = tl.constexpr(0x7F800000)  # float32 exponent field
+EXPONENT_ONE = tl.constexpr(0x00800000)   # 1 in that field
+
+
 @triton.jit
 def write_kv_cache_kernel(kv_c_ptr, stride_c, k_pe_ptr, stride_pe, cache_ptr, slot_ptr, descale_k_ptr,
                           KV_FORMAT: tl.constexpr):
@@ -21,7 +25,10 @@ def write_kv_cache_kernel(kv_c_ptr, stride_c, k_pe_ptr, stride_pe, cache_ptr, sl
         if KV_FORMAT == FP8_ROPE_BF16:
             row = cache_ptr + slot * ROW_BYTES
             amax = tl.max(tl.abs(lat), axis=0)
-            descale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+            # formats.token_descale: the power of two just above amax / 448 (exponent field + 1)
+            bits = (amax / FP8_MAX).to(tl.int32, bitcast=True)
+            pow2 = ((bits & EXPONENT_MASK) + EXPONENT_ONE).to(tl.float32, bitcast=True)
+            descale = tl.where(amax > 0, pow2, 1.0)
             q = tl.clamp(tl.div_rn(lat, descale), -FP8_MAX, FP8_MAX)
             tl.store((row + d).to(tl.pointer_type(tl.float8e4nv)), q.to(tl.float8e4nv))
             tl.store((row + SCALE_OFFSET).to(tl.pointer_type(tl.float32)), descale)
