@@ -6,10 +6,11 @@ warpgroup's 64 x 256 fp32 accumulator alone takes 128):
 
   softmax WG (4 warps)  issues the TMA loads of each KV page's latent [64, 512], RoPE [64, 64] (and per-token
                         scales) into a STAGES-deep shared-memory ring; quantizes q (latent e4m3 with a scale per
-                        row, RoPE kept bf16) into shared memory; per page: S = q_lat.k_lat^T (FP8 wgmma), scaled,
-                        + q_rope.k_rope^T (BF16 wgmma); online softmax; P (times each token's V scale, times
-                        448 / the page's largest scale) -> e4m3 -> shared memory, with the row rescale factor.
-                        A page's Q.K^T runs on the tensor cores while the previous page's softmax runs.
+                        row, RoPE kept bf16) into shared memory; per page: S = q_lat.k_lat^T (FP8 wgmma) scaled
+                        + q_rope.k_rope^T (BF16 wgmma, its own accumulator); online softmax; P (times each
+                        token's V scale, times 448 / the page's largest scale) -> e4m3 -> shared memory, with the
+                        row rescale factor. A page's two Q.K^T products run on the tensor cores while the previous
+                        page's softmax runs.
   2 PV WGs (4 warps)    each owns 256 of the 512 output columns: transposes its half of the page's latent tile
                         into V^T (tokens contiguous: FP8 wgmma wants its B operand K-major), zeroing slots past the
                         sequence end, then O = O * alpha + P.V^T. Transposes run one page ahead of the wgmma, so
@@ -280,6 +281,16 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                     gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8), use_acc=False, is_async=True)
                 if Q_FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled per tensor afterwards
                     acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
+                else:  # BF16 RoPE product in its own accumulator, so both products run during the softmax
+                    if KV_FORMAT == FP8:  # the cache's RoPE part is e4m3: widen it to bf16 for the bf16 q_rope
+                        k_rope_bf16.store(k_rope.index(s).load(Q_LOAD).to(gl.bfloat16))
+                        fence_async_shared()
+                        rope_src = k_rope_bf16
+                    else:
+                        rope_src = k_rope.index(s)
+                    acc_rope = warpgroup_mma(q_rope, rope_src.permute((1, 0)),
+                                             gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16), use_acc=False,
+                                             is_async=True)
                 # ---- ... while the previous page's softmax runs ----
                 if blk > lo:
                     m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, blk - 1, seqlen, key_limit, m_i, l_i, v_unit,
@@ -296,18 +307,12 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 if Q_FP8:
                     acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
                 else:
-                    if KV_FORMAT == FP8:  # the cache's RoPE part is e4m3: widen it to bf16 for the bf16 q_rope
-                        k_rope_bf16.store(k_rope.index(s).load(Q_LOAD).to(gl.bfloat16))
-                        fence_async_shared()
-                        rope_src = k_rope_bf16
-                    else:
-                        rope_src = k_rope.index(s)
-                    acc = warpgroup_mma_wait(0, deps=[acc, q_lat, k_lat.index(s)])[0]
-                    acc = gl.convert_layout(acc * q_scale[:, None] * k_scale[None, :], S_BF16, assert_trivial=True)
-                    acc = warpgroup_mma(q_rope, rope_src.permute((1, 0)), acc, is_async=True)
-                    acc = warpgroup_mma_wait(0, deps=[acc, q_rope, rope_src])[0]
+                    acc, acc_rope = warpgroup_mma_wait(0, deps=[acc, acc_rope, q_lat, q_rope, k_lat.index(s),
+                                                                rope_src])[:2]
+                    acc = acc * q_scale[:, None] * k_scale[None, :] + gl.convert_layout(acc_rope, S_FP8,
+                                                                                        assert_trivial=True)
                 mbarrier.arrive(kv_empty.index(s))
-                prev_s = gl.convert_layout(acc, S_FP8, assert_trivial=True)
+                prev_s = acc
                 prev_scale = k_scale
                 it += 1
                 if load_ok:  # refill this page's slot once the PV warpgroups have transposed it
