@@ -10,8 +10,8 @@ import argparse
 
 import torch
 
-from fp8mla import cal_diff
-from fp8mla.formats import FP8_MAX, PAGE_SIZE
+from fp8mla import cal_diff, reference_mla_decode
+from fp8mla.formats import D_LATENT, D_QK, FP8_MAX, PAGE_SIZE, token_descale
 from fp8mla.inputs import make_problem
 
 
@@ -19,36 +19,30 @@ def e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.float8_e4m3fn).float()
 
 
-def decode(problem, pow2: bool, fold: bool, exact: bool = False) -> torch.Tensor:
-    """One request at a time, in fp32 except where the kernels round to e4m3 (unless ``exact``)."""
+def decode(problem, pow2: bool, fold: bool) -> torch.Tensor:
+    """One request at a time, in fp32 except where the kernels round to e4m3."""
     b, s_q, h_q = problem.shape
     outs = []
     for i in range(b):
         n = int(problem.cache_seqlens[i])
         pages = problem.block_table[i, :(n + PAGE_SIZE - 1) // PAGE_SIZE].long()
-        k = problem.kv[pages].reshape(-1, 576)[:n].float()
+        k = problem.kv[pages].reshape(-1, D_QK)[:n].float()
         q = problem.q[i].float()
-        if exact:
-            k_lat, k_scale, q_lat = k[:, :512], torch.ones(n, 1), q[..., :512]
-        else:
-            k_scale = k[:, :512].abs().amax(-1, keepdim=True) / FP8_MAX
-            q_scale = q[..., :512].abs().amax(-1, keepdim=True) / FP8_MAX
-            if pow2:
-                k_scale = torch.ldexp(torch.ones_like(k_scale), torch.frexp(k_scale).exponent)
-            k_lat = e4m3(k[:, :512] / k_scale)           # raw e4m3 latent (also V)
-            q_lat = e4m3(q[..., :512] / q_scale) * q_scale
+        amax = k[:, :D_LATENT].abs().amax(-1, keepdim=True)
+        k_scale = token_descale(amax) if pow2 else amax / FP8_MAX
+        q_scale = q[..., :D_LATENT].abs().amax(-1, keepdim=True) / FP8_MAX
+        k_lat = e4m3(k[:, :D_LATENT] / k_scale)           # raw e4m3 latent (also V)
+        q_lat = e4m3(q[..., :D_LATENT] / q_scale) * q_scale
         s = (torch.einsum("shd,nd->shn", q_lat, k_lat * k_scale)
-             + torch.einsum("shd,nd->shn", q[..., 512:], k[:, 512:])) * 576 ** -0.5
+             + torch.einsum("shd,nd->shn", q[..., D_LATENT:], k[:, D_LATENT:])) * D_QK ** -0.5
         causal = torch.arange(n)[None, :] > (n - s_q + torch.arange(s_q))[:, None]
         s = s.masked_fill(causal[:, None, :], float("-inf"))
         p = torch.exp(s - s.amax(-1, keepdim=True))
-        o = torch.zeros(s_q, h_q, 512)
+        o = torch.zeros(s_q, h_q, D_LATENT)
         for j in range(0, n, PAGE_SIZE):
             ks = k_scale[j:j + PAGE_SIZE, 0]
             unit = ks.max()
-            if exact:
-                o += torch.einsum("shn,nd->shd", p[..., j:j + PAGE_SIZE], k_lat[j:j + PAGE_SIZE])
-            elif fold:  # the kernels: P * (scale / page's largest) * 448 -> e4m3, V stays raw e4m3
+            if fold:  # the kernels: P * (scale / page's largest) * 448 -> e4m3, V stays raw e4m3
                 p8 = e4m3(p[..., j:j + PAGE_SIZE] * (ks / unit) * FP8_MAX)
                 o += torch.einsum("shn,nd->shd", p8, k_lat[j:j + PAGE_SIZE]) * unit / FP8_MAX
             else:  # the alternative: V rescaled per token in fp32, P cast alone
@@ -65,7 +59,8 @@ def main():
     print("| RoPE scale | scales | scale ratio folded into P | out cos_diff |\n|---|---|---|---|")
     for rope_scale in args.rope_scale:
         problem = make_problem(4, 2, 16, [2048] * 4, rope_scale=rope_scale, seed=1)
-        ref = decode(problem, False, False, exact=True)
+        ref = reference_mla_decode(problem.q, problem.kv, problem.block_table, problem.cache_seqlens,
+                                   causal=True)[0]
         for pow2 in (False, True):
             for fold in (True, False):
                 d = cal_diff(decode(problem, pow2, fold), ref)["cos_diff"]

@@ -30,11 +30,14 @@ def _device_or_interpreter() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from .bench import add_arguments
+    from .demo import H_Q, SEQLENS
 
     parser = argparse.ArgumentParser(prog="python -m fp8mla", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     add_arguments(commands.add_parser("bench", help="speed and accuracy against FlashMLA / FA3 (GPU)"))
-    commands.add_parser("demo", help="accuracy of every cache format on a small batch (CPU or GPU)")
+    demo = commands.add_parser("demo", help="accuracy of every cache format on a small batch (CPU or GPU)")
+    demo.add_argument("--seqlens", type=int, nargs="+", default=SEQLENS, help="one cache length per request")
+    demo.add_argument("--h-q", type=int, default=H_Q, help="query heads")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from .demo import run_demo
 
-        _, table = run_demo(torch.device(_device_or_interpreter()))
+        _, table = run_demo(torch.device(_device_or_interpreter()), args.seqlens, args.h_q)
         print(table, end="")
         return 0
 

@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from fp8mla import BACKENDS, KV_FORMATS, cal_diff, flash_mla_with_kvcache, get_mla_metadata, hopper_available
+from fp8mla import BACKENDS, KV_FORMATS, flash_mla_with_kvcache, get_mla_metadata, hopper_available
 from fp8mla.inputs import make_problem, make_seqlens
+from fp8mla.metrics import output_error
 from fp8mla.kernels.hopper import SUPPORTED_FORMATS
 from fp8mla.reference import reference_mla_decode
 
@@ -28,6 +29,7 @@ def test_flashmla_matrix(seqlens, h_q, s_q):
     meta, num_splits = get_mla_metadata(problem.cache_seqlens, s_q * h_q, 1)
     ref_out, ref_lse = reference_mla_decode(problem.q, problem.kv, problem.block_table, problem.cache_seqlens,
                                             causal=True)
+    seen = torch.isfinite(ref_lse)  # rows that see no key: lse +inf in both
     failures = []
     for kv_format in KV_FORMATS:
         args = problem.quantized(kv_format)
@@ -37,11 +39,9 @@ def test_flashmla_matrix(seqlens, h_q, s_q):
             out, lse = flash_mla_with_kvcache(args["q"], args["k_cache"], problem.block_table, problem.cache_seqlens,
                                               512, meta, num_splits, causal=True, descale_k=args["descale_k"],
                                               backend=backend)
-            diff = cal_diff(out.float(), ref_out)
-            seen = torch.isfinite(ref_lse)  # rows that see no key: lse +inf in both
-            lse_err = (lse[seen] - ref_lse[seen]).abs().max().item()
-            if (diff["cos_diff"] > COS_BOUND[kv_format] or out.isnan().any() or lse.isnan().any()
+            err = output_error(out, lse, ref_out, ref_lse)
+            if (err["cos_diff"] > COS_BOUND[kv_format] or out.isnan().any() or lse.isnan().any()
                     or not torch.equal(torch.isfinite(lse), seen)
-                    or lse_err > LSE_ATOL[kv_format]):
-                failures.append((kv_format, backend, diff, lse_err))
+                    or err["lse_err"] > LSE_ATOL[kv_format]):
+                failures.append((kv_format, backend, err))
     assert not failures, failures
