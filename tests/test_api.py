@@ -50,6 +50,9 @@ def test_valid_call_runs(call):
     (lambda b: dict(out=torch.empty(2, 1, 16, 512)), ValueError, "out must be"),
     (lambda b: dict(lse=torch.empty(2, 1, 16)), ValueError, "lse must be"),
     (lambda b: dict(backend="cuda"), ValueError, "backend must be"),
+    (lambda b: dict(softmax_scale=0.0), ValueError, "softmax_scale must be a positive"),
+    (lambda b: dict(softmax_scale=-0.1), ValueError, "softmax_scale must be a positive"),
+    (lambda b: dict(softmax_scale=float("nan")), ValueError, "softmax_scale must be a positive"),
     (lambda b: dict(backend="hopper"), ValueError, "sm_90"),
 ])
 def test_bad_inputs_raise_before_launch(call, change, error, match):

@@ -148,6 +148,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     if softmax_scale is None:
         softmax_scale = D_QK ** -0.5
     softmax_scale = float(softmax_scale)
+    if not softmax_scale > 0:  # the kernels take each row's max on unscaled scores
+        raise ValueError(f"softmax_scale must be a positive number, got {softmax_scale}")
 
     # ---- outputs ----
     if out is None:

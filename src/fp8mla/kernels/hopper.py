@@ -56,16 +56,23 @@ S_BF16 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4
 O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
 Q_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1],
                                        order=[1, 0]))
-SCALE_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, SCALE_COLS.value], threads_per_warp=[32, 1],
-                                           warps_per_cta=[4, 1], order=[1, 0]))
 
 
-def _t(i):  # token bit i of a [64 tokens, 128 dims] register layout
+def _t(i):  # token bit i of a [64 tokens, n] register layout
     return [1 << i, 0]
 
 
-def _d(i):  # dim bit i
+def _d(i):  # dim (column) bit i
     return [0, 1 << i]
+
+
+# A page's [64 tokens, SCALE_COLS] scale tile, each token held by the threads that hold its score column in S_FP8
+# (wgmma accumulator: token bit 0 and bits 3-5 in registers, bits 1-2 in lanes 0-1), so the [64] scale vector
+# needs no layout conversion; the scale's padding columns sit in registers and are never read.
+SCALE_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(0), _t(3), _t(4), _t(5)],
+                                                     lane_bases=[_t(1), _t(2), [0, 0], [0, 0], [0, 0]],
+                                                     warp_bases=[[0, 0], [0, 0]], block_bases=[],
+                                                     shape=[64, SCALE_COLS.value]))
 
 
 # A [64 tokens, 128 dims] chunk of V as read for the transpose: each thread holds 4 dims x 16 tokens, so the LDSM
@@ -198,19 +205,20 @@ def _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale, kv_ready
 
 
 @gluon.jit
-def _softmax_page(sc, k_scale, blk, seqlen, key_limit, m_i, l_i, v_unit, pt, sm_scale_log2, p_smem, alpha_smem,
-                  p_ready, p_free, KV_FORMAT: gl.constexpr):
+def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, pt, sm_scale_log2, p_smem,
+                  alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
     """Online softmax of one page's scores; hands P (e4m3) and the row rescale factor to the PV warpgroups.
 
+    Scores and m stay unscaled (softmax_scale > 0, checked by the API): the scale goes into the exp2's FFMA.
     Returns the new (m, l, V unit). Base 2; a row that has seen no key yet keeps m = -inf and p = 0.
     """
-    tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(0, S_FP8))
-    visible = (tok < seqlen)[None, :] & (tok[None, :] < key_limit[:, None])
-    sc = gl.where(visible, sc * sm_scale_log2, float("-inf"))
+    if (blk + 1) * PAGE_SIZE > min_key_limit:  # only pages with keys that some row must not see pay for the mask
+        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(0, S_FP8))
+        sc = gl.where(tok[None, :] < key_limit[:, None], sc, float("-inf"))  # also drops NaN slots past the end
     m_new = gl.maximum(m_i, gl.max(sc, axis=1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(sc - m_safe[:, None])
-    alpha = gl.exp2(m_i - m_safe)
+    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2)[:, None])
+    alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
     l_i = l_i * alpha + gl.sum(p, axis=1)
     # P times each token's V scale, in units of the page's largest scale, so e4m3 keeps its whole range
     if KV_FORMAT == FP8_ROPE_BF16:
@@ -266,8 +274,10 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 _load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8), row_l)
             if CAUSAL:  # query token s sees keys [0, seqlen - (S_Q - 1 - s))
                 key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
+                min_key_limit = seqlen - (S_Q - 1)
             else:
                 key_limit = gl.zeros([BLOCK_M], gl.int32, row_l) + seqlen
+                min_key_limit = seqlen
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_i = gl.zeros([BLOCK_M], gl.float32, row_l)
             v_unit = gl.to_tensor(1.0)  # the V scale O is expressed in (page-local for fp8_rope_bf16)
@@ -293,15 +303,15 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                              is_async=True)
                 # ---- ... while the previous page's softmax runs ----
                 if blk > lo:
-                    m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, blk - 1, seqlen, key_limit, m_i, l_i, v_unit,
-                                                     it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free,
-                                                     KV_FORMAT)
+                    m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, blk - 1, key_limit, min_key_limit, m_i,
+                                                     l_i, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready,
+                                                     p_free, KV_FORMAT)
                 if KV_FORMAT == FP8_ROPE_BF16:
-                    x = k_scale_smem.index(s).load(SCALE_LOAD)
-                    first = gl.arange(0, SCALE_COLS, gl.SliceLayout(0, SCALE_LOAD))[None, :] == 0
-                    k_scale = gl.convert_layout(gl.sum(gl.where(first, x, 0.0), axis=1), col_l)
-                    tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, col_l)
-                    k_scale = gl.where(tok < seqlen, k_scale, 0.0)  # slots past the end may hold NaN
+                    x = k_scale_smem.index(s).load(SCALE_LOAD).reshape([PAGE_SIZE, 2, 2])
+                    k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], col_l, assert_trivial=True)  # column 0
+                    if (blk + 1) * PAGE_SIZE > seqlen:  # slots past the end may hold NaN
+                        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, col_l)
+                        k_scale = gl.where(tok < seqlen, k_scale, 0.0)
                 else:
                     k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
                 if Q_FP8:
@@ -321,8 +331,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                     loaded += 1
                     load_req, load_blk, load_ok, _len = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
                                                         begin_req, end_req)
-            m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, seqlen, key_limit, m_i, l_i, v_unit, it - 1,
-                                             sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
+            m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, key_limit, min_key_limit, m_i, l_i, v_unit,
+                                             it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
 
             # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
             seen = l_i > 0
@@ -334,7 +344,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
             mbarrier.arrive(epi_ready)
             direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
-            lse = gl.where(seen, (m_i + gl.log2(l_i)) * LN2, float("inf"))
+            lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
             row_ok = rows < R
             if direct:
                 gl.store(lse_ptr + req * R + (rows % H) * S_Q + s_idx, lse, mask=row_ok)
