@@ -32,9 +32,12 @@ def test_sass_has_fp8_wgmma_and_tma(hopper_sass, variant):
         assert r["HGMMA"] >= 4   # a bf16 q keeps its RoPE part bf16: RoPE Q.K^T is 4 x k16 bf16 wgmma
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (issue 3): ptxas compiles all three warpgroups under the 168-register "
-                   "launch cap and still spills a few values outside the page loop (q preparation, epilogue)")
-@pytest.mark.parametrize("variant", VARIANTS)
+SPILLS = pytest.mark.xfail(strict=True, reason="known gap (issue 3): under the 168-register launch cap of three "
+                           "warpgroups ptxas spills a few values of the bf16-q softmax partition that live across the page "
+                           "loop (stored before it, reloaded after; none inside it)")
+
+
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=SPILLS) if "fp8 q" not in v else v for v in VARIANTS])
 def test_sass_has_no_local_memory(hopper_sass, variant):
     r = hopper_sass[variant]
     assert (r["stack"], r["LDL"], r["STL"]) == (0, 0, 0), r

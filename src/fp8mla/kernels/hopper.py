@@ -17,7 +17,7 @@ warpgroup's 64 x 256 fp32 accumulator alone takes 128):
                         a ring slot is released early and the transpose overlaps the softmax of the page before.
 
 V^T rows are stored in a permuted dim order that makes both the LDSM reads and the 16-byte stores bank-conflict
-free; the epilogue writes O's columns back through the inverse permutation. Schedule, partial results and their
+free; the epilogue relabels O's registers back to dim order. Schedule, partial results and their
 combine are those of the portable kernel (scheduler.py, combine.py).
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ Q_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=
                                        order=[1, 0]))
 
 
-def _t(i):  # token bit i of a [64 tokens, n] register layout
+def _t(i):  # token (or O row) bit i of a [64, n] register layout
     return [1 << i, 0]
 
 
@@ -82,15 +82,17 @@ V_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(0),
                                                  warp_bases=[_t(4), _t(5)], block_bases=[], shape=[64, 128]))
 
 
-@gluon.jit
-def _vt_row_dim(n):
-    """The V dim stored in row n of V^T (the inverse of the relabel in _transpose_chunk)."""
-    return (n & 0xE0) | ((n & 7) << 2) | ((n >> 3) & 3)
+# One 32-column group of O in dim order (see _store_group): each thread's 8 consecutive dims in register order, so
+# the stores vectorize; these are the registers O_ACC holds the group in, so converting to it moves nothing.
+O_GROUP = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _d(2), _t(3)],
+                                                  lane_bases=[_d(3), _d(4), _t(0), _t(1), _t(2)],
+                                                  warp_bases=[_t(4), _t(5)], block_bases=[], shape=[64, 32]))
 
 
 @gluon.jit
 def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
-    """dst[n, t] = src[t, _vt_row_dim(n)] for a [64, 128] e4m3 chunk; tokens >= valid_tokens become 0 if MASK.
+    """dst[n, t] = src[t, d(n)] for a [64, 128] e4m3 chunk, d(n) = (n & 0xE0) | ((n & 7) << 2) | ((n >> 3) & 3);
+    tokens >= valid_tokens become 0 if MASK.
 
     The 4x4 byte transposes are 8 PRMT per 4 words (inline asm; each asm operand is the 32-bit word holding 4
     consecutive dims of one token). Every reshape/permute/split/join here only relabels registers.
@@ -146,10 +148,11 @@ def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8: gl.constexp
             x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
             amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
         descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
+        scale = 1.0 / descale  # one division per row, not per element
     for c in gl.static_range(D_LATENT // Q_CHUNK):
         x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)
         if not Q_FP8:
-            x = (x.to(gl.float32) / descale[:, None]).to(gl.float8e4nv)
+            x = (x.to(gl.float32) * scale[:, None]).to(gl.float8e4nv)
         q_lat.slice(c * Q_CHUNK, Q_CHUNK, dim=1).store(x)
     r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
     q_rope.store(gl.load(row_ptr + D_LATENT + r, mask=ok, other=0.0))
@@ -178,22 +181,34 @@ def _split_slot(meta_ptr, num_splits_ptr, req, begin_req):
 @gluon.jit
 def _seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req):
     """The first page of the part at or after (req, blk), requests past their last page skipped:
-    (req, blk, whether there is one, the request's seqlen)."""
+    (req, blk, whether there is one, the request's seqlen, its end page)."""
     seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
     while (blk >= hi) & (req < end_req):
         req += 1
         seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         blk = lo
-    return req, blk, blk < hi, seqlen
+    return req, blk, blk < hi, seqlen, hi
 
 
 @gluon.jit
-def _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale, kv_ready, kv_empty, block_table_ptr,
-               stride_bt, req, blk, slot, KV_FORMAT: gl.constexpr):
-    """TMA one page into ring slot `slot` (ring position `slot`; waits until the slot's last page is released)."""
+def _advance(meta_ptr, seqlens_ptr, max_pages, req, blk, seqlen, hi, begin_req, end_req):
+    """The page after (req, blk), as _seek returns it; reads metadata only when the request ends, so a
+    cursor's step costs no global-memory round trip."""
+    blk += 1
+    ok = blk < hi
+    if blk >= hi:
+        req, blk, ok, seqlen, hi = _seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req)
+    return req, blk, ok, seqlen, hi
+
+
+@gluon.jit
+def _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale, kv_ready, kv_empty, page, slot,
+               KV_FORMAT: gl.constexpr):
+    """TMA cache page `page` into ring slot `slot` (ring position `slot`; waits until the slot's last page is
+    released)."""
     s = slot % STAGES
     mbarrier.wait(kv_empty.index(s), ((slot // STAGES) & 1) ^ 1)
-    row = gl.load(block_table_ptr + req * stride_bt + blk) * PAGE_SIZE
+    row = page * PAGE_SIZE
     page_bytes: gl.constexpr = lat_desc.block_type.nbytes + rope_desc.block_type.nbytes
     if KV_FORMAT == FP8_ROPE_BF16:
         mbarrier.expect(kv_ready.index(s), page_bytes + scale_desc.block_type.nbytes)
@@ -254,17 +269,20 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             sm_scale_log2 = sm_scale_log2 * gl.load(descale_q_ptr)
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
-    # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries
-    load_req, load_blk, load_ok, _len = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
-                                              gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
+    # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries; the block-table entry
+    # of its next page is read one load ahead, so the load's latency hides behind a page of work
+    load_req, load_blk, load_ok, load_len, load_hi = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
+                                                           gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
+    load_page = gl.load(block_table_ptr + load_req * stride_bt + load_blk, mask=load_ok)
     loaded = 0
     for i in gl.static_range(STAGES):
         if load_ok:
-            _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
-                       block_table_ptr, stride_bt, load_req, load_blk, loaded, KV_FORMAT)
+            _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty, load_page,
+                       loaded, KV_FORMAT)
             loaded += 1
-            load_req, load_blk, load_ok, _len = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
-                                                begin_req, end_req)
+            load_req, load_blk, load_ok, load_len, load_hi = _advance(meta_ptr, seqlens_ptr, max_pages, load_req,
+                                                                      load_blk, load_len, load_hi, begin_req, end_req)
+            load_page = gl.load(block_table_ptr + load_req * stride_bt + load_blk, mask=load_ok)
     it = 0       # pages consumed (KV ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
     for req in range(begin_req, end_req + 1):
@@ -327,10 +345,11 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 it += 1
                 if load_ok:  # refill this page's slot once the PV warpgroups have transposed it
                     _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
-                               block_table_ptr, stride_bt, load_req, load_blk, loaded, KV_FORMAT)
+                               load_page, loaded, KV_FORMAT)
                     loaded += 1
-                    load_req, load_blk, load_ok, _len = _seek(meta_ptr, seqlens_ptr, max_pages, load_req, load_blk + 1,
-                                                        begin_req, end_req)
+                    load_req, load_blk, load_ok, load_len, load_hi = _advance(
+                        meta_ptr, seqlens_ptr, max_pages, load_req, load_blk, load_len, load_hi, begin_req, end_req)
+                    load_page = gl.load(block_table_ptr + load_req * stride_bt + load_blk, mask=load_ok)
             m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, key_limit, min_key_limit, m_i, l_i, v_unit,
                                              it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
 
@@ -371,7 +390,42 @@ def _transpose_page(k_lat, vt, kv_ready, kv_empty, slot, valid, WG: gl.constexpr
 
 
 @gluon.jit
-def _pv_wg(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
+def _store_o(out_row, part_row, direct, o, norm, ok):
+    """This warpgroup's [64, 256] O times norm (per row): to out (bf16) if direct, else to its partial slot (fp32),
+    at X_row[row] + dim. One 32-column group a (column 32a + n) at a time, so few registers are in flight."""
+    x = gl.permute(gl.reshape(o, [BLOCK_M, 2, 2, 2, 32]), (0, 4, 3, 2, 1))   # [row, n, a bit 0, bit 1, bit 2]
+    x0, x1 = gl.split(x)
+    x00, x01 = gl.split(x0)
+    x10, x11 = gl.split(x1)
+    g0, g1 = gl.split(x00)
+    g2, g3 = gl.split(x01)
+    g4, g5 = gl.split(x10)
+    g6, g7 = gl.split(x11)
+    _store_group(out_row, part_row, direct, g0, 0, norm, ok)
+    _store_group(out_row, part_row, direct, g1, 32, norm, ok)
+    _store_group(out_row, part_row, direct, g2, 64, norm, ok)
+    _store_group(out_row, part_row, direct, g3, 96, norm, ok)
+    _store_group(out_row, part_row, direct, g4, 128, norm, ok)
+    _store_group(out_row, part_row, direct, g5, 160, norm, ok)
+    _store_group(out_row, part_row, direct, g6, 192, norm, ok)
+    _store_group(out_row, part_row, direct, g7, 224, norm, ok)
+
+
+@gluon.jit
+def _store_group(out_row, part_row, direct, g, col0: gl.constexpr, norm, ok):
+    """One 32-column group: its accumulator column 8b + 2q + e holds V dim 8q + 4e + b (V^T's row order), so a
+    register relabel puts each thread's 8 dims in order for 16-byte stores."""
+    g = gl.reshape(gl.permute(gl.reshape(g, [BLOCK_M, 4, 4, 2]), (0, 2, 3, 1)), [BLOCK_M, 32])
+    g = gl.convert_layout(g, O_GROUP, assert_trivial=True) * norm[:, None]
+    cols = (col0 + gl.arange(0, 32, gl.SliceLayout(0, O_GROUP)))[None, :]
+    if direct:
+        gl.store(out_row[:, None] + cols, g.to(gl.bfloat16), mask=ok[:, None])
+    else:
+        gl.store(part_row[:, None] + cols, g, mask=ok[:, None])
+
+
+@gluon.jit
+def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
            S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
            WG: gl.constexpr):
     """O[:, 256 WG : 256 (WG + 1)] for every page of the part.
@@ -382,11 +436,12 @@ def _pv_wg(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_spl
     R = H * S_Q
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
-    t_req, t_blk, t_ok, t_len = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req, gl.load(meta_ptr + BEGIN_PAGE),
-                                      begin_req, end_req)
+    t_req, t_blk, t_ok, t_len, t_hi = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
+                                            gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
     if t_ok:
         _transpose_page(k_lat, vt, kv_ready, kv_empty, 0, t_len - t_blk * PAGE_SIZE, WG)
-        t_req, t_blk, t_ok, t_len = _seek(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk + 1, begin_req, end_req)
+        t_req, t_blk, t_ok, t_len, t_hi = _advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len, t_hi,
+                                                   begin_req, end_req)
     it = 0
     n_req = 0
     for req in range(begin_req, end_req + 1):
@@ -400,8 +455,8 @@ def _pv_wg(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_spl
                     mbarrier.arrive(p_free.index(1 - pb))
                 if t_ok:  # the next page's V^T, into the buffer that P.V just released
                     _transpose_page(k_lat, vt, kv_ready, kv_empty, it + 1, t_len - t_blk * PAGE_SIZE, WG)
-                    t_req, t_blk, t_ok, t_len = _seek(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk + 1, begin_req,
-                                                      end_req)
+                    t_req, t_blk, t_ok, t_len, t_hi = _advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len,
+                                                               t_hi, begin_req, end_req)
                 mbarrier.wait(p_ready.index(pb), (it // 2) & 1)
                 alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, O_ACC))
                 o = warpgroup_mma(p_smem.index(pb), vt.index(2 * WG + pb).permute((1, 0)), o * alpha[:, None],
@@ -415,16 +470,10 @@ def _pv_wg(block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_spl
             norm = norm_smem.load(gl.SliceLayout(1, O_ACC))
             mbarrier.arrive(epi_free)
             direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
-            o = o * norm[:, None]
-            rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_ACC))
-            cols = WG * HALF + _vt_row_dim(gl.arange(0, HALF, gl.SliceLayout(0, O_ACC)))
-            mask = (rows < R)[:, None]
-            if direct:
-                gl.store(out_ptr + (req * R + rows)[:, None] * D_LATENT + cols[None, :], o.to(gl.bfloat16),
-                         mask=mask)
-            else:
-                part_rows = split.to(gl.int64) * R + rows
-                gl.store(o_part_ptr + part_rows[:, None] * D_LATENT + cols[None, :], o, mask=mask)
+            rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
+            norm = gl.convert_layout(norm, gl.SliceLayout(1, O_GROUP), assert_trivial=True)
+            _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
+                     o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R)
             n_req += 1
 
 
@@ -476,10 +525,10 @@ def mla_decode_hopper_kernel(
                        descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale,
                        p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
                        KV_FORMAT, Q_FP8, CAUSAL)),
-        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
+        (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
                   S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
                   epi_free, LEFT)),
-        (_pv_wg, (block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
+        (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
                   S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
                   epi_free, RIGHT)),
     ], [4, 4], [PV_REGS, PV_REGS])

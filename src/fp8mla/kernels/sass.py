@@ -33,7 +33,11 @@ class SassReport:
                     **{k: self.count(k) for k in keys})
 
 
-def compile_sm90(fn, signature: dict, constexprs: dict, gluon: bool = False, **options):
+# ints that are multiples of 16 in a typical call (a contiguous q of 576 columns, h_q in 16, 64, 128)
+TYPICAL_DIVISIBLE = ("stride_qb", "stride_qs", "stride_qh", "H")
+
+
+def compile_sm90(fn, signature: dict, constexprs: dict, gluon: bool = False, divisible=(), **options):
     """``triton.compile`` for sm_90a; ``fn`` is a @triton.jit / @gluon.jit function."""
     from ..api import interpreter_active
 
@@ -48,7 +52,11 @@ def compile_sm90(fn, signature: dict, constexprs: dict, gluon: bool = False, **o
     else:
         Source = ASTSource
     constexprs = {(fn.arg_names.index(k),): v for k, v in constexprs.items()}
-    return triton.compile(Source(fn, signature, constexprs), target=GPUTarget(*HOPPER), options=options)
+    # what the launcher specializes at run time: pointers to torch's allocations and the given ints are multiples
+    # of 16 (this is what lets loads and stores vectorize)
+    attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, t in signature.items()
+             if t.startswith("*") or k in divisible}
+    return triton.compile(Source(fn, signature, constexprs, attrs), target=GPUTarget(*HOPPER), options=options)
 
 
 def sass_report(compiled, name: str = "") -> SassReport:
@@ -82,7 +90,8 @@ def portable_reports() -> list[SassReport]:
                "descale_k_ptr": "*fp32", "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32",
                "KV_FORMAT": "constexpr", "Q_FP8": "constexpr", "CAUSAL": "constexpr", "BLOCK_M": "constexpr"}
         k = compile_sm90(portable.mla_decode_split_kernel, sig,
-                         dict(KV_FORMAT=code, Q_FP8=False, CAUSAL=True, BLOCK_M=64), num_warps=8, num_stages=1)
+                         dict(KV_FORMAT=code, Q_FP8=False, CAUSAL=True, BLOCK_M=64), divisible=TYPICAL_DIVISIBLE,
+                         num_warps=8, num_stages=1)
         reports.append(sass_report(k, f"portable[{fmt}]"))
     sig = {"out_ptr": "*bf16", "lse_ptr": "*fp32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32",
            "num_splits_ptr": "*i32", "H": "i32", "S_Q": "i32", "BLOCK_ROWS": "constexpr"}
@@ -111,7 +120,8 @@ def hopper_reports() -> list[SassReport]:
                "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32", "KV_FORMAT": "constexpr", "Q_FP8": "constexpr",
                "CAUSAL": "constexpr"}
         k = compile_sm90(hopper.mla_decode_hopper_kernel, sig,
-                         dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True), gluon=True, num_warps=4)
+                         dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True), gluon=True,
+                         divisible=TYPICAL_DIVISIBLE, num_warps=4)
         reports.append(sass_report(k, f"hopper[{fmt}{', fp8 q' if q_fp8 else ''}]"))
     return reports
 
