@@ -28,7 +28,8 @@ class SassReport:
         return len(re.findall(rf"\b{re.escape(opcode)}[\s.]", self.sass))
 
     def summary(self) -> dict:
-        keys = ("QGMMA", "HGMMA", "HMMA", "UTMALDG", "LDL", "STL", "LDS", "STS", "PRMT", "BAR", "SYNCS")
+        keys = ("QGMMA", "HGMMA", "HMMA", "UTMALDG", "LDL", "STL", "LDS", "STS", "STG", "STG.E.128", "PRMT", "BAR",
+                "SYNCS")
         return dict(name=self.name, regs=self.n_regs, stack=self.stack, shared=self.shared,
                     **{k: self.count(k) for k in keys})
 
