@@ -84,3 +84,17 @@ def test_empty_batch(call):
     meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
     out, lse = flash_mla_with_kvcache(p.q, p.kv, p.block_table, p.cache_seqlens, 512, meta, splits)
     assert out.shape == (0, 1, 16, 512) and lse.shape == (0, 16, 1)
+
+
+def test_all_requests_empty_with_a_table_of_no_columns(call):
+    """Every request empty and block_table [b, 0]: zeros and lse +inf, no read of the table; a request that
+    needs a page gets a clear error."""
+    q = torch.randn(2, 1, 16, 576, dtype=torch.bfloat16)
+    block_table = torch.zeros(2, 0, dtype=torch.int32)
+    empty = torch.zeros(2, dtype=torch.int32)
+    out, lse = flash_mla_with_kvcache(q, call.base["k_cache"], block_table, empty, 512,
+                                      *get_mla_metadata(empty, 16, 1))
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isinf(lse).all() and (lse > 0).all()
+    one = torch.tensor([0, 5], dtype=torch.int32)
+    with pytest.raises(ValueError, match="0 pages per request but a seqlen needs 1"):
+        flash_mla_with_kvcache(q, call.base["k_cache"], block_table, one, 512, *get_mla_metadata(one, 16, 1))

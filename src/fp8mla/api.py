@@ -49,10 +49,10 @@ def _check_indices(block_table, cache_seqlens, num_pages):
     max_pages = block_table.shape[1]
     pages = (cache_seqlens.long() + PAGE_SIZE - 1) // PAGE_SIZE
     used = torch.arange(max_pages, device=block_table.device)[None, :] < pages[:, None]
-    entries = block_table.long()
-    stats = torch.stack([
-        cache_seqlens.min().long(), pages.max(),
-        torch.where(used, entries, 0).min(), torch.where(used, entries, 0).max()]).tolist()
+    referenced = torch.where(used, block_table.long(), 0)
+    if referenced.numel() == 0:  # a table without columns (every request empty): nothing is referenced
+        referenced = pages.new_zeros(1)
+    stats = torch.stack([cache_seqlens.min().long(), pages.max(), referenced.min(), referenced.max()]).tolist()
     min_len, most_pages, lo, hi = stats
     if min_len < 0:
         raise ValueError("cache_seqlens must be >= 0")

@@ -202,10 +202,10 @@ def _advance(meta_ptr, seqlens_ptr, max_pages, req, blk, seqlen, hi, begin_req, 
 
 
 @gluon.jit
-def _page_of(block_table_ptr, stride_bt, max_pages, req, blk):
-    """Block-table entry of (req, blk); blk is clamped instead of masked (a cursor past its part's end may point one
-    past the table's row), as a masked load would branch and stall right where it is issued."""
-    return gl.load(block_table_ptr + req * stride_bt + gl.minimum(blk, max_pages - 1))
+def _page_of(block_table_ptr, stride_bt, req, blk, ok):
+    """Block-table entry of (req, blk), read only if the cursor is on a page (ok): past its part's end it may point
+    one past the table's row, and a table may have no columns at all."""
+    return gl.load(block_table_ptr + req * stride_bt + blk, mask=ok, other=0)
 
 
 @gluon.jit
@@ -280,7 +280,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
     # of its next page is read one load ahead, so the load's latency hides behind a page of work
     load_req, load_blk, load_ok, load_len, load_hi = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
                                                            gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
-    load_page = _page_of(block_table_ptr, stride_bt, max_pages, load_req, load_blk)
+    load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
     loaded = 0
     for i in gl.static_range(STAGES):
         if load_ok:
@@ -289,7 +289,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             loaded += 1
             load_req, load_blk, load_ok, load_len, load_hi = _advance(meta_ptr, seqlens_ptr, max_pages, load_req,
                                                                       load_blk, load_len, load_hi, begin_req, end_req)
-            load_page = _page_of(block_table_ptr, stride_bt, max_pages, load_req, load_blk)
+            load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
     it = 0       # pages consumed (KV ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
     for req in range(begin_req, end_req + 1):
@@ -356,7 +356,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                     loaded += 1
                     load_req, load_blk, load_ok, load_len, load_hi = _advance(
                         meta_ptr, seqlens_ptr, max_pages, load_req, load_blk, load_len, load_hi, begin_req, end_req)
-                    load_page = _page_of(block_table_ptr, stride_bt, max_pages, load_req, load_blk)
+                    load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
             m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, key_limit, min_key_limit, m_i, l_i, v_unit,
                                              it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
 
