@@ -1,9 +1,9 @@
-"""Quick device check of the Hopper kernel, and the program compute-sanitizer runs.
+"""Quick device check of the Hopper kernel, A/B timing of kernel variants, and the program the sanitizers run.
 
 Every Hopper path (fp8_rope_bf16; fp8 with an e4m3 q; fp8 with a bf16 q) on caches written by ``write_kv_cache``,
 with and without splits, against the fp32 reference; then timings of the two key configs (``--no-time`` skips
 them; the bench has them with the peers). ``--seqlens`` (with ``--s-q``, ``--h-q``, ``--parts``) checks one case
-instead of the default three:
+instead of the default four:
 
     PYTHONPATH=src python3 scripts/hopper_check.py [--no-time]
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=src compute-sanitizer --tool memcheck \\
@@ -13,23 +13,52 @@ instead of the default three:
 Without the caching allocator every tensor is its own allocation, so a read past a sequence's pages or past a
 tensor's end is an error memcheck sees. Under a sanitizer the first run compiles slowly: warm the Triton cache by
 running the same command once without it. Exits 1 on any mismatch.
+
+A/B: ``--variants FILE ...`` adds other versions of ``kernels/hopper.py`` (e.g. ``git show BRANCH:src/fp8mla/
+kernels/hopper.py > /tmp/b.py``); each is checked like the working tree's, then all are timed in alternating
+rounds on the same inputs (``--rounds``), and a table gives each variant's median against the working tree's:
+
+    PYTHONPATH=src python3 scripts/hopper_check.py --variants /tmp/b.py --rounds 5
+
+``--profile`` only runs the headline config (b=64 s_q=2 h_q=64, fp8_rope_bf16) three times, for a profiler:
+
+    PYTHONPATH=src ncu --clock-control none -k regex:mla_decode_hopper -s 2 -c 1 --section WarpStateStats \\
+        --section SourceCounters -o prof python3 scripts/hopper_check.py --profile
 """
 import argparse
+import importlib.util
 import sys
+from pathlib import Path
 
 import torch
 import triton
 
 import fp8mla
+import fp8mla.kernels.hopper as hopper
 from fp8mla import cal_diff, reference_mla_decode
 from fp8mla.inputs import make_problem
 
 PATHS = [("fp8_rope_bf16", False), ("fp8", True), ("fp8", False)]  # (cache format, e4m3 q)
-CASES = [(1, 16, [200, 0, 77], False), (2, 64, [1000, 64], True), (4, 128, [129, 700, 5, 2100], True)]
+CASES = [(1, 16, [200, 0, 77], False), (2, 64, [1000, 64], True), (4, 128, [129, 700, 5, 2100], True),
+         (2, 64, [1, 65], True)]
+TIMED = [(64, 2, 64), (128, 1, 16)]   # b, s_q, h_q at 8192 tokens each, causal
 
 
-def decode_call(p, kv_format, q_fp8, causal, num_parts=None):
-    """The Hopper decode of problem ``p`` with its cache written by ``write_kv_cache``, as a no-argument call."""
+def load_variants(paths) -> dict:
+    """{name: launcher}: the working tree's kernel, then one per file."""
+    variants = {"working tree": hopper.launch_hopper}
+    for path in paths:
+        name = Path(path).stem
+        spec = importlib.util.spec_from_file_location(f"fp8mla.kernels.{name}", path)  # its relative imports work
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        variants[name] = module.launch_hopper
+    return variants
+
+
+def decode_call(p, kv_format, q_fp8, causal, num_parts=None, launch=None):
+    """The Hopper decode of problem ``p`` with its cache written by ``write_kv_cache``, as a no-argument call
+    (through ``launch`` instead of the working tree's kernel if given)."""
     b, s_q, h_q = p.shape
     x = p.quantized(kv_format, q_fp8)
     cache = fp8mla.empty_kv_cache(x["k_cache"].shape[0], kv_format, device="cuda")
@@ -37,12 +66,20 @@ def decode_call(p, kv_format, q_fp8, causal, num_parts=None):
     fp8mla.write_kv_cache(tokens[:, :512], tokens[:, 512:], cache, torch.arange(len(tokens), device="cuda"),
                           kv_format, x["descale_k"])
     meta, splits = fp8mla.get_mla_metadata(p.cache_seqlens, s_q * h_q, 1, num_parts=num_parts)
-    return lambda: fp8mla.flash_mla_with_kvcache(x["q"], cache, p.block_table, p.cache_seqlens, 512, meta, splits,
+    own = hopper.launch_hopper
+
+    def call():
+        hopper.launch_hopper = launch or own   # the API looks the launcher up at each call
+        try:
+            return fp8mla.flash_mla_with_kvcache(x["q"], cache, p.block_table, p.cache_seqlens, 512, meta, splits,
                                                  causal=causal, descale_q=x["descale_q"], descale_k=x["descale_k"],
                                                  backend="hopper", validate=False)
+        finally:
+            hopper.launch_hopper = own
+    return call
 
 
-def check(cases, parts_list) -> bool:
+def check(cases, parts_list, variants) -> bool:
     ok = True
     for s_q, h_q, seqlens, causal in cases:
         p = make_problem(len(seqlens), s_q, h_q, seqlens, device="cuda", seed=0, extra_pages=0)
@@ -50,15 +87,42 @@ def check(cases, parts_list) -> bool:
         empty = torch.isinf(ref_lse)
         for kv_format, q_fp8 in PATHS:
             for parts in parts_list:
-                out, lse = decode_call(p, kv_format, q_fp8, causal, parts)()
-                d = cal_diff(out.float(), ref_out)["cos_diff"]
-                good = (d < 2.5e-3 and not out.isnan().any() and torch.equal(torch.isinf(lse), empty)
-                        and torch.allclose(lse[~empty], ref_lse[~empty], atol=0.2))
-                ok &= good
-                print(f"check b={len(seqlens)} s_q={s_q} h_q={h_q} {kv_format} q_fp8={q_fp8} parts={parts}: "
-                      f"cos_diff {d:.2e} {'ok' if good else 'FAIL'}", flush=True)
+                for name, launch in variants.items():
+                    out, lse = decode_call(p, kv_format, q_fp8, causal, parts, launch)()
+                    d = cal_diff(out.float(), ref_out)["cos_diff"]
+                    good = (d < 2.5e-3 and not out.isnan().any() and torch.equal(torch.isinf(lse), empty)
+                            and torch.allclose(lse[~empty], ref_lse[~empty], atol=0.2))
+                    ok &= good
+                    print(f"check [{name}] b={len(seqlens)} s_q={s_q} h_q={h_q} {kv_format} q_fp8={q_fp8} "
+                          f"parts={parts}: cos_diff {d:.2e} {'ok' if good else 'FAIL'}", flush=True)
     print("ALL OK" if ok else "FAILURES", flush=True)
     return ok
+
+
+def time_variants(variants, rounds: int) -> None:
+    """Median µs of each variant over alternating rounds, and its ratio to the working tree's (one run only)."""
+    rows = []
+    for b, s_q, h_q in TIMED:
+        p = make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0)
+        for kv_format, q_fp8 in PATHS[:2]:
+            calls = {name: decode_call(p, kv_format, q_fp8, True, launch=launch) for name, launch in variants.items()}
+            for call in calls.values():
+                call()
+            times = {name: [] for name in calls}
+            for _ in range(rounds):
+                for name, call in calls.items():
+                    times[name].append(triton.testing.do_bench(call, warmup=20, rep=100, return_mode="median") * 1e3)
+            label = f"b={b} s_q={s_q} h_q={h_q} {kv_format}{' (e4m3 q)' if q_fp8 else ''}"
+            print(f"time {label}: " + "; ".join(f"[{n}] " + " ".join(f"{t:.1f}" for t in ts)
+                                               for n, ts in times.items()), flush=True)
+            rows.append((label, {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}))
+    names = list(variants)
+    print("\n| config | " + " | ".join(f"{n} µs" for n in names) + "".join(f" | {n} / working tree" for n in names[1:])
+          + " |\n|---" + "|---" * (2 * len(names) - 1) + "|")
+    for label, med in rows:
+        base = med[names[0]]
+        print(f"| {label} | " + " | ".join(f"{med[n]:.1f}" for n in names)
+              + "".join(f" | {med[n] / base:.3f}" for n in names[1:]) + " |")
 
 
 def main():
@@ -68,22 +132,26 @@ def main():
     parser.add_argument("--s-q", type=int, default=2)
     parser.add_argument("--h-q", type=int, default=64)
     parser.add_argument("--parts", type=int, help="split-KV parts for the one case (default: None and 7)")
+    parser.add_argument("--variants", nargs="+", default=[], help="other hopper.py files to check and time")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
+    parser.add_argument("--profile", action="store_true", help="only run the headline config three times")
     args = parser.parse_args()
+    if args.profile:
+        b, s_q, h_q = TIMED[0]
+        call = decode_call(make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0), "fp8_rope_bf16", False, True)
+        for _ in range(3):
+            call()
+        torch.cuda.synchronize()
+        return
+    variants = load_variants(args.variants)
     if args.seqlens:
-        ok = check([(args.s_q, args.h_q, args.seqlens, True)], [args.parts] if args.parts else [None, 7])
+        ok = check([(args.s_q, args.h_q, args.seqlens, True)], [args.parts] if args.parts else [None, 7], variants)
     else:
-        ok = check(CASES, [None, 7])
+        ok = check(CASES, [None, 7], variants)
     if not ok:
         sys.exit(1)
-    if args.no_time:
-        return
-    for b, s_q, h_q in [(64, 2, 64), (128, 1, 16)]:
-        p = make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0)
-        for kv_format, q_fp8 in PATHS[:2]:
-            call = decode_call(p, kv_format, q_fp8, True)
-            call()
-            ms = triton.testing.do_bench(call, warmup=50, rep=200, return_mode="median")
-            print(f"time b={b} s_q={s_q} h_q={h_q} {kv_format:14} q_fp8={q_fp8} {ms * 1000:8.1f} us", flush=True)
+    if not args.no_time:
+        time_variants(variants, args.rounds)
 
 
 if __name__ == "__main__":
