@@ -19,6 +19,15 @@ warpgroup's 64 x 256 fp32 accumulator alone takes 128):
 V^T rows are stored in a permuted dim order that makes both the LDSM reads and the 16-byte stores bank-conflict
 free; the epilogue relabels O's registers back to dim order. Schedule, partial results and their
 combine are those of the portable kernel (scheduler.py, combine.py).
+
+The handshakes (mbarriers; a waiter's phase is (position // buffers) & 1, positions counted across requests):
+  kv_ready[slot]   TMA byte count of the page in the slot                 waited by all three warpgroups
+  kv_empty[slot]   3 arrivals: softmax WG after the page's Q.K^T, each     waited by the TMA issuer before it
+                   PV WG after its transpose                              refills the slot
+  p_ready[page%2]  1: softmax WG wrote P and alpha                        waited by both PV WGs
+  p_free[page%2]   2: each PV WG after the P.V wgmma that read them       waited by the softmax WG before it writes
+  epi_ready        1: softmax WG wrote the request's 1 / l               waited by both PV WGs
+  epi_free         2: each PV WG read it                                  waited by the softmax WG (next request)
 """
 from __future__ import annotations
 
