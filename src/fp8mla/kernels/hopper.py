@@ -171,8 +171,9 @@ def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8: gl.constexp
 
 @gluon.jit
 def _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req):
-    """(seqlen, first page, end page) of request req within this CTA's part."""
-    seqlen = gl.load(seqlens_ptr + req)
+    """(seqlen, first page, end page) of request req within this CTA's part (no pages if the part is empty:
+    then req is one past the last request, and seqlens is not read)."""
+    seqlen = gl.load(seqlens_ptr + req, mask=req <= end_req, other=0)
     lo = gl.where(req == begin_req, gl.load(meta_ptr + BEGIN_PAGE), 0)
     hi = gl.where(req == end_req, gl.load(meta_ptr + END_PAGE), (seqlen + PAGE_SIZE - 1) // PAGE_SIZE)
     return seqlen, lo, gl.minimum(hi, max_pages)
