@@ -7,7 +7,8 @@ generators that mirror the partitions' control flow in kernels/hopper.py: the pa
 (with its phase) and arrive, the TMA producer's ring positions. They are interleaved in random order; a CTA
 fails if all its partitions block (a deadlock), or if one of them sees other pages, or in another order, than
 the part's. The TMA producer is the softmax warpgroup (``--producer softmax``, main) or the left PV warpgroup
-(``--producer pv``, branch pv-producer). This checks the protocol, not the kernel's code: keep it in step with
+(``--producer pv``, branch pv-producer); ``--p-in-registers`` models branch pv-rf (the PV warpgroups release a P
+buffer as soon as they have loaded it, instead of after the P.V wgmma that read it). This checks the protocol, not the kernel's code: keep it in step with
 hopper.py. Exits 1 on any failure.
 """
 import argparse
@@ -40,10 +41,10 @@ class Barrier:
 class Part:
     """One CTA's part (begin_req, begin_page, end_req, end_page) of a schedule, as hopper.py's cursors see it."""
 
-    def __init__(self, meta, seqlens, max_pages, producer):
+    def __init__(self, meta, seqlens, max_pages, producer, p_in_registers=False):
         self.begin_req, self.begin_page, self.end_req, self.end_page = meta
         self.pages = [(int(n) + 63) // 64 for n in seqlens]
-        self.max_pages, self.producer = max_pages, producer
+        self.max_pages, self.producer, self.p_in_registers = max_pages, producer, p_in_registers
         self.bar = dict(kv_ready=[Barrier(1), Barrier(1)], kv_empty=[Barrier(3), Barrier(3)],
                         p_ready=[Barrier(1), Barrier(1)], p_free=[Barrier(2), Barrier(2)],
                         epi_ready=Barrier(1), epi_free=Barrier(2))
@@ -139,7 +140,7 @@ class Part:
             lo, hi = self.range_of(req)
             if lo < hi:
                 for blk in range(lo, hi):
-                    if blk > lo:
+                    if blk > lo and not self.p_in_registers:  # the previous page's P.V is done
                         self.bar["p_free"][1 - it % 2].arrive(self.events)
                     if t[2]:
                         yield from transpose(it + 1)
@@ -148,8 +149,11 @@ class Part:
                         yield from self.load_page(cursor, it + STAGES)
                         cursor = self.advance(cursor)
                     yield from self.wait(self.bar["p_ready"][it % 2], (it // 2) & 1)
+                    if self.p_in_registers:  # P loaded into registers: its buffer is free before the P.V wgmma
+                        self.bar["p_free"][it % 2].arrive(self.events)
                     it += 1
-                self.bar["p_free"][(it - 1) % 2].arrive(self.events)
+                if not self.p_in_registers:
+                    self.bar["p_free"][(it - 1) % 2].arrive(self.events)
                 yield from self.wait(self.bar["epi_ready"], n_req & 1)
                 self.bar["epi_free"].arrive(self.events)
                 n_req += 1
@@ -177,6 +181,7 @@ class Part:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--producer", choices=["softmax", "pv"], default="softmax")
+    parser.add_argument("--p-in-registers", action="store_true")
     parser.add_argument("--trials", type=int, default=300)
     args = parser.parse_args()
     random.seed(0)
@@ -191,13 +196,14 @@ def main():
         max_pages = max((int(n) + 63) // 64 for n in seqlens)
         for row in meta.tolist():
             result = Part((row[BEGIN_REQ], row[BEGIN_PAGE], row[END_REQ], row[END_PAGE]), seqlens.tolist(),
-                          max_pages, args.producer).run()
+                          max_pages, args.producer, args.p_in_registers).run()
             total += 1
             if result != "ok":
                 failed += 1
                 if failed <= 5:
                     print(f"trial {trial}, part {row[:4]}, seqlens {seqlens.tolist()}: {result}")
-    print(f"{total} parts simulated ({args.producer} warpgroup as TMA producer): {failed} failed")
+    print(f"{total} parts simulated ({args.producer} warpgroup as TMA producer"
+          f"{', P in registers' if args.p_in_registers else ''}): {failed} failed")
     raise SystemExit(1 if failed else 0)
 
 
