@@ -18,10 +18,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-VEC = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+from fp8mla.kernels.hopper import O_ACC, S_FP8, VEC_SMEM as VEC  # the kernel's own layouts
+
 FLAT = gl.constexpr(gl.BlockedLayout([1], [32], [4], [0]))
-S_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32]))
-O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
 ROUNDS = 16
 
 
@@ -61,7 +60,7 @@ def handoff_kernel(out_ptr, rounds, N: gl.constexpr, PRODUCER_LAYOUT: gl.constex
 def main():
     guard = "--unguarded" not in sys.argv
     for name, n, producer, consumer in [("per_thread", 128, FLAT, FLAT),
-                                        ("replicated", 64, gl.SliceLayout(1, S_ACC), gl.SliceLayout(1, O_ACC))]:
+                                        ("replicated", 64, gl.SliceLayout(1, S_FP8), gl.SliceLayout(1, O_ACC))]:
         out = torch.zeros(2 * n, device="cuda")
         handoff_kernel[(1,)](out, ROUNDS, n, producer, consumer, guard, num_warps=4)
         want = torch.arange(n, device="cuda").float() * ROUNDS + ROUNDS * (ROUNDS - 1) / 2

@@ -484,11 +484,10 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
 
             # ---- epilogue: O * norm -> out (a request with one split) or its partial slot ----
             mbarrier.wait(epi_ready, n_req & 1)
-            norm = norm_smem.load(gl.SliceLayout(1, O_ACC))
+            norm = norm_smem.load(gl.SliceLayout(1, O_GROUP))   # O's rows, held as O_ACC holds them
             mbarrier.arrive(epi_free)
             direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
             rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
-            norm = gl.convert_layout(norm, gl.SliceLayout(1, O_GROUP), assert_trivial=True)
             _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
                      o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R)
             n_req += 1
