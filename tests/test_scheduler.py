@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from fp8mla import get_mla_metadata
-from fp8mla.scheduler import BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, END_PAGE, END_REQ, FIXED_COST, num_sm_parts
+from fp8mla.scheduler import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, COMBINE_ROWS, END_PAGE, END_REQ, FIXED_COST,
+                              num_sm_parts)
 
 
 def expand(meta, num_splits, seqlens):
@@ -45,8 +46,8 @@ def test_every_page_exactly_once_and_balanced(seed):
     for p in {p for p, *_ in visits}:
         cost[p] += FIXED_COST * len({req for q, req, *_ in visits if q == p})
     total = sum(pages) + FIXED_COST * sum(1 for n in pages if n)
-    if total >= parts:
-        assert max(cost) <= total / parts + 2 * FIXED_COST + 1
+    if total >= parts:  # equal pieces, or one request per part when that is no slower than them plus the combine
+        assert max(cost) <= total / parts + max(2 * FIXED_COST, -(-64 // COMBINE_ROWS)) + 1
 
 
 def test_fewer_pages_than_parts_leaves_empty_parts_last():
@@ -66,6 +67,25 @@ def test_all_empty_batch():
 def test_long_request_is_split_over_all_parts():
     meta, num_splits = get_mla_metadata(torch.tensor([65536], dtype=torch.int32), 128, 1, num_parts=66)
     assert num_splits.tolist() == [0, 66]
+
+
+def test_equal_requests_get_a_part_each_and_no_combine():
+    """64 requests of 8192 tokens on 66 parts (the headline config): equal pieces would split every request,
+    one part each costs 130 page-times instead of 126 but no partial results; 128 rows make the combine dearer."""
+    seqlens = torch.full((64,), 8192, dtype=torch.int32)
+    meta, num_splits = get_mla_metadata(seqlens, 128, 1, num_parts=66)
+    assert num_splits.tolist() == list(range(65))
+    assert meta[:64, BEGIN_REQ].tolist() == list(range(64)) and meta[:64, END_PAGE].tolist() == [128] * 64
+    assert meta[64:, END_REQ].tolist() == [-1, -1]
+    # with 16 rows the combine is cheap: equal pieces (every request split in two) stay
+    meta, num_splits = get_mla_metadata(torch.full((128,), 8192, dtype=torch.int32), 16, 1, num_parts=132)
+    assert (num_splits[1:] - num_splits[:-1]).tolist() == [2] * 128
+
+
+def test_uneven_requests_still_split():
+    seqlens = torch.tensor([100, 9000, 300, 5000, 64, 64, 128, 20000], dtype=torch.int32)
+    meta, num_splits = get_mla_metadata(seqlens, 128, 1, num_parts=66)
+    assert int(num_splits[-1]) > len(seqlens)
 
 
 def test_num_parts_follow_row_blocks():
