@@ -49,7 +49,7 @@ V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
 STAGES = gl.constexpr(2)     # KV pages in flight per CTA
 Q_CHUNK = gl.constexpr(128)  # q columns quantized at a time
 SCALE_COLS = gl.constexpr(4)  # fp32 columns TMA fetches from each token's scale (16 bytes: TMA's narrowest box)
-SUPPORTED_FORMATS = ("fp8", "fp8_rope_bf16")
+SUPPORTED_FORMATS = ("bf16", "fp8", "fp8_rope_bf16")   # bf16: hopper_bf16.py
 
 # ---- layouts ----
 LAT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [64, 512] e4m3
@@ -139,17 +139,18 @@ def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
 
 
 @gluon.jit
-def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8: gl.constexpr):
+def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, AS_IS: gl.constexpr):
     """One request's 64 query rows into shared memory; returns each row's latent descale.
 
-    A bf16 q has its latent part quantized to e4m3 with a scale per row (read in 128-column chunks, twice: amax,
-    then scale, so no thread holds a whole row) and its RoPE part kept bf16; an e4m3 q is copied as it is.
+    AS_IS: q already has q_lat's dtype (an e4m3 q here, a bf16 q in hopper_bf16.py) and is copied as it is.
+    Otherwise a bf16 q has its latent part quantized to e4m3 with a scale per row (read in 128-column chunks,
+    twice: amax, then scale, so no thread holds a whole row) and its RoPE part kept bf16.
     """
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, Q_LOAD))
     row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
     ok = (rows < R)[:, None]
     cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
-    if Q_FP8:
+    if AS_IS:
         descale = gl.full([BLOCK_M], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
     else:
         amax = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, Q_LOAD))
@@ -160,7 +161,7 @@ def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8: gl.constexp
         scale = 1.0 / descale  # one division per row, not per element
     for c in gl.static_range(D_LATENT // Q_CHUNK):
         x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)
-        if not Q_FP8:
+        if not AS_IS:
             x = (x.to(gl.float32) * scale[:, None]).to(gl.float8e4nv)
         q_lat.slice(c * Q_CHUNK, Q_CHUNK, dim=1).store(x)
     r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
@@ -407,9 +408,10 @@ def _transpose_page(k_lat, vt, kv_ready, kv_empty, slot, valid, WG: gl.constexpr
 
 
 @gluon.jit
-def _store_o(out_row, part_row, direct, o, norm, ok):
+def _store_o(out_row, part_row, direct, o, norm, ok, VT_ORDER: gl.constexpr):
     """This warpgroup's [64, 256] O times norm (per row): to out (bf16) if direct, else to its partial slot (fp32),
-    at X_row[row] + dim. One 32-column group a (column 32a + n) at a time, so few registers are in flight."""
+    at X_row[row] + dim. One 32-column group a (column 32a + n) at a time, so few registers are in flight.
+    VT_ORDER: O's columns are in V^T's permuted dim order (see _store_group)."""
     x = gl.permute(gl.reshape(o, [BLOCK_M, 2, 2, 2, 32]), (0, 4, 3, 2, 1))   # [row, n, a bit 0, bit 1, bit 2]
     x0, x1 = gl.split(x)
     x00, x01 = gl.split(x0)
@@ -418,27 +420,34 @@ def _store_o(out_row, part_row, direct, o, norm, ok):
     g2, g3 = gl.split(x01)
     g4, g5 = gl.split(x10)
     g6, g7 = gl.split(x11)
-    _store_group(out_row, part_row, direct, g0, 0, norm, ok)
-    _store_group(out_row, part_row, direct, g1, 32, norm, ok)
-    _store_group(out_row, part_row, direct, g2, 64, norm, ok)
-    _store_group(out_row, part_row, direct, g3, 96, norm, ok)
-    _store_group(out_row, part_row, direct, g4, 128, norm, ok)
-    _store_group(out_row, part_row, direct, g5, 160, norm, ok)
-    _store_group(out_row, part_row, direct, g6, 192, norm, ok)
-    _store_group(out_row, part_row, direct, g7, 224, norm, ok)
+    _store_group(out_row, part_row, direct, g0, 0, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g1, 32, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g2, 64, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g3, 96, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g4, 128, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g5, 160, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g6, 192, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g7, 224, norm, ok, VT_ORDER)
 
 
 @gluon.jit
-def _store_group(out_row, part_row, direct, g, col0: gl.constexpr, norm, ok):
-    """One 32-column group: its accumulator column 8b + 2q + e holds V dim 8q + 4e + b (V^T's row order), so a
-    register relabel puts each thread's 8 dims in order for 16-byte stores."""
-    g = gl.reshape(gl.permute(gl.reshape(g, [BLOCK_M, 4, 4, 2]), (0, 2, 3, 1)), [BLOCK_M, 32])
-    g = gl.convert_layout(g, O_GROUP, assert_trivial=True) * norm[:, None]
-    cols = (col0 + gl.arange(0, 32, gl.SliceLayout(0, O_GROUP)))[None, :]
+def _store_group(out_row, part_row, direct, g, col0: gl.constexpr, norm, ok, VT_ORDER: gl.constexpr):
+    """One 32-column group. With VT_ORDER its accumulator column 8b + 2q + e holds V dim 8q + 4e + b (V^T's row
+    order), so a register relabel puts each thread's 8 dims in order for 16-byte stores; without, column n is dim
+    n and each thread stores pairs of dims. Row vectors come in SliceLayout(1, O_GROUP), which holds O's rows as
+    the accumulator does (converting them moves nothing)."""
+    if VT_ORDER:
+        g = gl.reshape(gl.permute(gl.reshape(g, [BLOCK_M, 4, 4, 2]), (0, 2, 3, 1)), [BLOCK_M, 32])
+        g = gl.convert_layout(g, O_GROUP, assert_trivial=True)
+    layout: gl.constexpr = g.type.layout
+    row_l: gl.constexpr = gl.SliceLayout(1, layout)
+    g = g * gl.convert_layout(norm, row_l, assert_trivial=True)[:, None]
+    ok = gl.convert_layout(ok, row_l, assert_trivial=True)[:, None]
+    cols = (col0 + gl.arange(0, 32, gl.SliceLayout(0, layout)))[None, :]
     if direct:
-        gl.store(out_row[:, None] + cols, g.to(gl.bfloat16), mask=ok[:, None])
+        gl.store(gl.convert_layout(out_row, row_l, assert_trivial=True)[:, None] + cols, g.to(gl.bfloat16), mask=ok)
     else:
-        gl.store(part_row[:, None] + cols, g, mask=ok[:, None])
+        gl.store(gl.convert_layout(part_row, row_l, assert_trivial=True)[:, None] + cols, g, mask=ok)
 
 
 @gluon.jit
@@ -489,7 +498,8 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
             direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
             rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
             _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
-                     o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R)
+                     o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R,
+                     True)
             n_req += 1
 
 
@@ -560,20 +570,26 @@ def _cache_descriptors(k_cache: torch.Tensor, kv_format: str):
     key = (k_cache.data_ptr(), tuple(k_cache.shape), kv_format)
     if key not in _descriptors:
         rows = k_cache.shape[0] * formats.PAGE_SIZE
-        if kv_format == "fp8_rope_bf16":
+        if kv_format == "bf16":
+            from .hopper_bf16 import LAT_BF16_SMEM
+            flat = k_cache.view(rows, formats.D_QK)
+            lat, rope = flat[:, :formats.D_LATENT], flat[:, formats.D_LATENT:]
+            scale = None
+            lat_layout, rope_layout = LAT_BF16_SMEM, ROPE_BF16_SMEM
+        elif kv_format == "fp8_rope_bf16":
             row = k_cache.view(rows, formats.ROW_BYTES)
             lat = row.view(torch.float8_e4m3fn)[:, :formats.D_LATENT]
             rope = row.view(torch.bfloat16)[:, formats.ROPE_OFFSET // 2:formats.ROW_BYTES // 2]
             scale = row.view(torch.float32)[:, formats.SCALE_OFFSET // 4:formats.SCALE_OFFSET // 4 + SCALE_COLS.value]
-            rope_layout = ROPE_BF16_SMEM
+            lat_layout, rope_layout = LAT_SMEM, ROPE_BF16_SMEM
         else:
             flat = k_cache.view(rows, formats.D_QK)
             lat, rope = flat[:, :formats.D_LATENT], flat[:, formats.D_LATENT:]
             scale = None
-            rope_layout = ROPE_FP8_SMEM
+            lat_layout, rope_layout = LAT_SMEM, ROPE_FP8_SMEM
         if len(_descriptors) > 64:
             _descriptors.clear()
-        lat_desc = TensorDescriptor.from_tensor(lat, [formats.PAGE_SIZE, formats.D_LATENT], LAT_SMEM.value)
+        lat_desc = TensorDescriptor.from_tensor(lat, [formats.PAGE_SIZE, formats.D_LATENT], lat_layout.value)
         rope_desc = TensorDescriptor.from_tensor(rope, [formats.PAGE_SIZE, formats.D_ROPE], rope_layout.value)
         scale_desc = (TensorDescriptor.from_tensor(scale, [formats.PAGE_SIZE, SCALE_COLS.value], SCALE_SMEM.value)
                       if scale is not None else rope_desc)
@@ -582,7 +598,8 @@ def _cache_descriptors(k_cache: torch.Tensor, kv_format: str):
 
 
 def supports(q: torch.Tensor, kv_format: str) -> bool:
-    """Whether this kernel handles the call (an FP8 cache; e4m3 q only with "fp8"); the portable one does the rest."""
+    """Whether the Hopper kernels handle the call (a bf16 q; an e4m3 q only with "fp8"); the portable one does the
+    rest."""
     return kv_format in SUPPORTED_FORMATS and (q.dtype == torch.bfloat16 or kv_format == "fp8")
 
 
@@ -590,6 +607,10 @@ def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_s
                   descale_q, descale_k, softmax_scale, causal):
     b, s_q, h_q, _ = q.shape
     lat_desc, rope_desc, scale_desc = _cache_descriptors(k_cache, kv_format)
+    if kv_format == "bf16":
+        from .hopper_bf16 import launch_hopper_bf16
+        return launch_hopper_bf16(q, lat_desc, rope_desc, block_table, cache_seqlens, meta, num_splits, out, lse,
+                                  o_part, lse_part, softmax_scale, causal, LOG2E.value)
     grid = (meta.shape[0], -(-(s_q * h_q) // BLOCK_M))
     dummy = cache_seqlens  # never read: placeholders for absent scales
     mla_decode_hopper_kernel[grid](

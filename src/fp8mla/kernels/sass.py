@@ -102,13 +102,22 @@ def portable_reports() -> list[SassReport]:
 
 
 def hopper_reports() -> list[SassReport]:
-    """The Gluon sm_90a decode kernel for each format it supports."""
-    from . import hopper
+    """The Gluon sm_90a decode kernels for each format they support."""
+    from . import hopper, hopper_bf16
     from .constants import FORMAT_CODE
 
-    reports = []
+    sig = {"q_ptr": "*bf16", "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
+           "lat_desc": f"tensordesc<bf16[64, 512],{hopper_bf16.LAT_BF16_SMEM.value!r}>",
+           "rope_desc": f"tensordesc<bf16[64, 64],{hopper.ROPE_BF16_SMEM.value!r}>",
+           "block_table_ptr": "*i32", "stride_bt": "i32", "max_pages": "i32", "seqlens_ptr": "*i32",
+           "meta_ptr": "*i32", "num_splits_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
+           "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32",
+           "CAUSAL": "constexpr"}
+    k = compile_sm90(hopper_bf16.mla_decode_hopper_bf16_kernel, sig, dict(CAUSAL=True), gluon=True,
+                     divisible=TYPICAL_DIVISIBLE, num_warps=4)
+    reports = [sass_report(k, "hopper[bf16]")]
     rope = {"fp8_rope_bf16": ("bf16", hopper.ROPE_BF16_SMEM), "fp8": ("fp8e4nv", hopper.ROPE_FP8_SMEM)}
-    for fmt, q_fp8 in [(f, False) for f in hopper.SUPPORTED_FORMATS] + [("fp8", True)]:
+    for fmt, q_fp8 in [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)]:
         rope_type, rope_layout = rope[fmt]
         sig = {"q_ptr": "*fp8e4nv" if q_fp8 else "*bf16", "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
                "lat_desc": f"tensordesc<fp8e4nv[64, 512],{hopper.LAT_SMEM.value!r}>",

@@ -1,0 +1,242 @@
+"""Hopper (sm_90a) split-KV MLA decode kernel in Gluon, for the bf16 cache format.
+
+The schedule, the three warp-specialised warpgroups and their handshakes are hopper.py's; what bf16 changes:
+
+- no V^T: BF16 wgmma takes an N-contiguous B operand, so each PV warpgroup multiplies P straight by its half of
+  the page's latent tile in the ring, and holds the ring slot until its P.V is done;
+- shared memory: q (72 KB), two ring slots of a whole page (2 x 72 KB) and one P buffer fill 224 of the 227 KB;
+- so page i + 2 can only arrive after P.V of page i. The left PV warpgroup issues the TMA loads right when its
+  P.V is done, and the softmax warpgroup runs a page's softmax as soon as its Q.K^T is done (hopper.py instead
+  overlaps it with the next page's Q.K^T: here that would put the P.V and the load behind the next Q.K^T);
+- cache slots past a sequence's end may hold NaN, and 0 * NaN = NaN in P.V: on a request's last page each PV
+  warpgroup zeroes those rows of its half of the tile (hopper.py's transposes do it on the way).
+
+Handshakes (as in hopper.py; P and alpha have one buffer, so their phase is the page position's parity):
+  kv_ready[slot]  TMA byte count                             waited by all three warpgroups
+  kv_empty[slot]  3: softmax WG after Q.K^T, each PV WG      waited by the left PV WG before it refills the slot
+                  after its P.V
+  p_ready         1: softmax WG wrote P and alpha            waited by both PV WGs
+  p_free          2: each PV WG after its P.V                waited by the softmax WG before it writes P
+  epi_ready/free  as in hopper.py
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .constants import BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, LN2, METADATA_WIDTH, PAGE_SIZE
+from .hopper import (BLOCK_M, HALF, LEFT, O_GROUP, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16, STAGES,
+                     VEC_SMEM, _advance, _load_q, _page_of, _request_range, _seek, _split_slot, _store_o)
+
+O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]))
+LAT_BF16_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+ZERO_CHUNK = gl.constexpr(64)  # V columns zeroed at a time
+ZERO_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1],
+                                          order=[1, 0]))
+
+
+@gluon.jit
+def _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, page, slot):
+    """TMA cache page `page` into ring position `slot`, once the page before it there is released."""
+    s = slot % STAGES
+    mbarrier.wait(kv_empty.index(s), ((slot // STAGES) & 1) ^ 1)
+    mbarrier.expect(kv_ready.index(s), lat_desc.block_type.nbytes + rope_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(lat_desc, [page * PAGE_SIZE, 0], kv_ready.index(s), k_lat.index(s))
+    tma.async_copy_global_to_shared(rope_desc, [page * PAGE_SIZE, 0], kv_ready.index(s), k_rope.index(s))
+
+
+@gluon.jit
+def _softmax_page(sc, blk, key_limit, min_key_limit, m_i, l_i, it, sm_scale_log2, p_smem, alpha_smem, p_ready,
+                  p_free):
+    """Online softmax of one page's scores (unscaled, base 2, as in hopper.py); P (bf16) and the row rescale
+    factor to the PV warpgroups. Returns the new (m, l)."""
+    if (blk + 1) * PAGE_SIZE > min_key_limit:
+        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(0, S_BF16))
+        sc = gl.where(tok[None, :] < key_limit[:, None], sc, float("-inf"))  # also drops NaN slots past the end
+    m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2)[:, None])
+    alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    mbarrier.wait(p_free, (it & 1) ^ 1)
+    p_smem.store(p.to(gl.bfloat16))
+    alpha_smem.store(alpha)
+    fence_async_shared()
+    mbarrier.arrive(p_ready)
+    return m_new, l_i
+
+
+@gluon.jit
+def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr,
+                lse_part_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, p_smem, alpha_smem, norm_smem,
+                kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, CAUSAL: gl.constexpr):
+    R = H * S_Q
+    row_l: gl.constexpr = gl.SliceLayout(1, S_BF16)
+    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
+    s_idx = rows // H
+    begin_req = gl.load(meta_ptr + BEGIN_REQ)
+    end_req = gl.load(meta_ptr + END_REQ)
+    it = 0       # pages consumed (ring position)
+    n_req = 0    # requests finished (epilogue barrier phase)
+    for req in range(begin_req, end_req + 1):
+        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        if lo < hi:
+            _load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, True)  # bf16 as it is
+            if CAUSAL:  # query token s sees keys [0, seqlen - (S_Q - 1 - s))
+                key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
+                min_key_limit = seqlen - (S_Q - 1)
+            else:
+                key_limit = gl.zeros([BLOCK_M], gl.int32, row_l) + seqlen
+                min_key_limit = seqlen
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
+            l_i = gl.zeros([BLOCK_M], gl.float32, row_l)
+            for blk in range(lo, hi):
+                s = it % STAGES
+                mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
+                acc = warpgroup_mma(q_lat, k_lat.index(s).permute((1, 0)),
+                                    gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16), use_acc=False, is_async=True)
+                acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
+                acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
+                mbarrier.arrive(kv_empty.index(s))
+                m_i, l_i = _softmax_page(acc, blk, key_limit, min_key_limit, m_i, l_i, it, sm_scale_log2, p_smem,
+                                         alpha_smem, p_ready, p_free)
+                it += 1
+
+            # ---- epilogue: 1/l to the PV warpgroups; lse ----
+            seen = l_i > 0
+            mbarrier.wait(epi_free, (n_req & 1) ^ 1)
+            norm_smem.store(gl.where(seen, 1.0 / l_i, 0.0))
+            mbarrier.arrive(epi_ready)
+            direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+            lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
+            row_ok = rows < R
+            if direct:
+                gl.store(lse_ptr + req * R + (rows % H) * S_Q + s_idx, lse, mask=row_ok)
+            else:
+                gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, gl.where(seen, lse, float("-inf")),
+                         mask=row_ok)
+            n_req += 1
+
+
+@gluon.jit
+def _zero_tail(v, valid):
+    """Rows (tokens) >= valid of this warpgroup's [64, 256] V tile -> 0."""
+    tok = gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, ZERO_LOAD))[:, None]
+    for c in gl.static_range(HALF // ZERO_CHUNK):
+        chunk = v.slice(c * ZERO_CHUNK, ZERO_CHUNK, dim=1)
+        x = chunk.load(ZERO_LOAD)
+        chunk.store(gl.where(tok < valid, x, gl.zeros_like(x)))
+    fence_async_shared()
+
+
+@gluon.jit
+def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
+           out_ptr, o_part_ptr, H, S_Q, k_lat, k_rope, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready,
+           p_free, epi_ready, epi_free, WG: gl.constexpr):
+    """O[:, 256 WG : 256 (WG + 1)] for every page of the part; the left warpgroup also loads the pages."""
+    R = H * S_Q
+    begin_req = gl.load(meta_ptr + BEGIN_REQ)
+    end_req = gl.load(meta_ptr + END_REQ)
+    if WG == LEFT:  # the TMA cursor runs STAGES pages ahead, across requests (see hopper.py)
+        load_req, load_blk, load_ok, load_len, load_hi = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
+                                                               gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
+        load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+        loaded = 0
+        for i in gl.static_range(STAGES):
+            if load_ok:
+                _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
+                loaded += 1
+                load_req, load_blk, load_ok, load_len, load_hi = _advance(
+                    meta_ptr, seqlens_ptr, max_pages, load_req, load_blk, load_len, load_hi, begin_req, end_req)
+                load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+    it = 0
+    n_req = 0
+    for req in range(begin_req, end_req + 1):
+        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        if lo < hi:
+            o = gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC)
+            for blk in range(lo, hi):
+                s = it % STAGES
+                v = k_lat.index(s).slice(WG * HALF, HALF, dim=1)   # [64 tokens, 256 dims]: P.V's B operand
+                mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
+                mbarrier.wait(p_ready, it & 1)   # also: the softmax warpgroup's Q.K^T of the page is done
+                if (blk + 1) * PAGE_SIZE > seqlen:
+                    _zero_tail(v, seqlen - blk * PAGE_SIZE)
+                alpha = alpha_smem.load(gl.SliceLayout(1, O_ACC))
+                o = warpgroup_mma(p_smem, v, o * alpha[:, None], is_async=True)
+                o = warpgroup_mma_wait(0, deps=[o, p_smem, v])[0]
+                mbarrier.arrive(p_free)
+                mbarrier.arrive(kv_empty.index(s))
+                it += 1
+                if WG == LEFT:
+                    if load_ok:  # the slot's next page: waits for the right warpgroup's P.V of this one
+                        _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
+                        loaded += 1
+                        load_req, load_blk, load_ok, load_len, load_hi = _advance(
+                            meta_ptr, seqlens_ptr, max_pages, load_req, load_blk, load_len, load_hi, begin_req,
+                            end_req)
+                        load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+
+            # ---- epilogue: O * norm -> out (a request with one split) or its partial slot ----
+            mbarrier.wait(epi_ready, n_req & 1)
+            norm = norm_smem.load(gl.SliceLayout(1, O_GROUP))
+            mbarrier.arrive(epi_free)
+            direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+            rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
+            _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
+                     o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R,
+                     False)
+            n_req += 1
+
+
+@gluon.jit
+def mla_decode_hopper_bf16_kernel(
+        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages,
+        seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, sm_scale_log2, H, S_Q,
+        CAUSAL: gl.constexpr):
+    meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
+    q_lat = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_LATENT], LAT_BF16_SMEM)
+    q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_ROPE], ROPE_BF16_SMEM)
+    k_lat = gl.allocate_shared_memory(gl.bfloat16, [STAGES, PAGE_SIZE, D_LATENT], LAT_BF16_SMEM)
+    k_rope = gl.allocate_shared_memory(gl.bfloat16, [STAGES, PAGE_SIZE, D_ROPE], ROPE_BF16_SMEM)
+    p_smem = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, PAGE_SIZE], ROPE_BF16_SMEM)
+    alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
+    norm_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    p_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    p_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    epi_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    epi_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=3)   # softmax WG after Q.K^T, each PV WG after its P.V
+    mbarrier.init(p_ready, count=1)
+    mbarrier.init(p_free, count=2)
+    mbarrier.init(epi_ready, count=1)
+    mbarrier.init(epi_free, count=2)
+
+    gl.warp_specialize([
+        (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr,
+                       lse_part_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, p_smem, alpha_smem,
+                       norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, CAUSAL)),
+        (_pv_wg, (lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr,
+                  out_ptr, o_part_ptr, H, S_Q, k_lat, k_rope, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty,
+                  p_ready, p_free, epi_ready, epi_free, LEFT)),
+        (_pv_wg, (lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta, num_splits_ptr,
+                  out_ptr, o_part_ptr, H, S_Q, k_lat, k_rope, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty,
+                  p_ready, p_free, epi_ready, epi_free, RIGHT)),
+    ], [4, 4], [PV_REGS, PV_REGS])
+
+
+def launch_hopper_bf16(q, lat_desc, rope_desc, block_table, cache_seqlens, meta, num_splits, out, lse, o_part,
+                       lse_part, softmax_scale, causal, log2e):
+    b, s_q, h_q, _ = q.shape
+    grid = (meta.shape[0], -(-(s_q * h_q) // BLOCK_M))
+    mla_decode_hopper_bf16_kernel[grid](
+        q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, block_table, block_table.stride(0),
+        block_table.shape[1], cache_seqlens, meta, num_splits, out, lse, o_part, lse_part, softmax_scale * log2e,
+        h_q, s_q, CAUSAL=causal, num_warps=4)
