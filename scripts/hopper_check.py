@@ -15,8 +15,9 @@ tensor's end is an error memcheck sees. Under a sanitizer the first run compiles
 running the same command once without it. Exits 1 on any mismatch.
 
 A/B: ``--variants FILE ...`` adds other versions of ``kernels/hopper.py`` (e.g. ``git show BRANCH:src/fp8mla/
-kernels/hopper.py > /tmp/b.py``); each is checked like the working tree's, then all are timed in alternating
-rounds on the same inputs (``--rounds``), and a table gives each variant's median against the working tree's:
+kernels/hopper.py > /tmp/b.py``); each is checked like the working tree's (on the formats it takes), then all are
+timed in alternating rounds on the same inputs (``--rounds``; each call in a CUDA graph, so the host's launch cost
+is not timed), and a table gives each variant's median against the working tree's:
 
     PYTHONPATH=src python3 scripts/hopper_check.py --variants /tmp/b.py --rounds 5
 
@@ -53,7 +54,13 @@ def load_variants(paths) -> dict:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         variants[name] = module.launch_hopper
+        variants[name].formats = module.SUPPORTED_FORMATS
     return variants
+
+
+def takes(launch, kv_format) -> bool:
+    """Whether a variant's launcher handles the format (an older hopper.py may not take bf16)."""
+    return kv_format in getattr(launch, "formats", hopper.SUPPORTED_FORMATS)
 
 
 def decode_call(p, kv_format, q_fp8, causal, num_parts=None, launch=None):
@@ -88,9 +95,12 @@ def check(cases, parts_list, variants) -> bool:
         for kv_format, q_fp8 in PATHS:
             for parts in parts_list:
                 for name, launch in variants.items():
+                    if not takes(launch, kv_format):
+                        continue
                     out, lse = decode_call(p, kv_format, q_fp8, causal, parts, launch)()
                     d = cal_diff(out.float(), ref_out)["cos_diff"]
-                    good = (d < (2e-5 if kv_format == "bf16" else 2.5e-3) and not out.isnan().any() and torch.equal(torch.isinf(lse), empty)
+                    good = (d < (2e-5 if kv_format == "bf16" else 2.5e-3) and not out.isnan().any()
+                            and torch.equal(torch.isinf(lse), empty)
                             and torch.allclose(lse[~empty], ref_lse[~empty], atol=0.2))
                     ok &= good
                     print(f"check [{name}] b={len(seqlens)} s_q={s_q} h_q={h_q} {kv_format} q_fp8={q_fp8} "
@@ -105,13 +115,14 @@ def time_variants(variants, rounds: int) -> None:
     for b, s_q, h_q in TIMED:
         p = make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0)
         for kv_format, q_fp8 in PATHS[:3]:
-            calls = {name: decode_call(p, kv_format, q_fp8, True, launch=launch) for name, launch in variants.items()}
+            calls = {name: decode_call(p, kv_format, q_fp8, True, launch=launch) for name, launch in variants.items()
+                     if takes(launch, kv_format)}
             for call in calls.values():
                 call()
             times = {name: [] for name in calls}
             for _ in range(rounds):
                 for name, call in calls.items():
-                    times[name].append(triton.testing.do_bench(call, warmup=20, rep=100, return_mode="median") * 1e3)
+                    times[name].append(triton.testing.do_bench_cudagraph(call, rep=100, return_mode="median") * 1e3)
             label = f"b={b} s_q={s_q} h_q={h_q} {kv_format}{' (e4m3 q)' if q_fp8 else ''}"
             print(f"time {label}: " + "; ".join(f"[{n}] " + " ".join(f"{t:.1f}" for t in ts)
                                                for n, ts in times.items()), flush=True)
@@ -121,8 +132,8 @@ def time_variants(variants, rounds: int) -> None:
           + " |\n|---" + "|---" * (2 * len(names) - 1) + "|")
     for label, med in rows:
         base = med[names[0]]
-        print(f"| {label} | " + " | ".join(f"{med[n]:.1f}" for n in names)
-              + "".join(f" | {med[n] / base:.3f}" for n in names[1:]) + " |")
+        print(f"| {label} | " + " | ".join(f"{med[n]:.1f}" if n in med else "" for n in names)
+              + "".join(f" | {med[n] / base:.3f}" if n in med else " | " for n in names[1:]) + " |")
 
 
 def main():

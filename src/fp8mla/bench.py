@@ -3,8 +3,12 @@
 Every config builds one random problem (``inputs.make_problem``: shuffled pages, NaN in unused cache slots) and
 its fp32 reference on the *unquantized* bf16 inputs. Every method (an fp8mla format on a backend, or a peer) is
 prepared once, with quantization and scheduler metadata outside the timed region as engines do, called once for
-accuracy, then timed with ``triton.testing.do_bench`` (median) on a GPU. A method that fails becomes a row that
-says why; the bench goes on.
+accuracy, then timed on a GPU: by default with ``triton.testing.do_bench_cudagraph`` (median; the call captured in
+a CUDA graph, as engines run decode), or with ``--timer eager``, ``triton.testing.do_bench`` (median; launched from
+Python each time, after an L2 flush). Eager timing measures the host whenever a call's launch path takes longer
+on the CPU than the GPU work queued before it (the flush and the previous call), so the host cost of a call has
+its own column (``host µs/call``: wall time per call of 50 calls launched back to back). A method that fails
+becomes a row that says why; the bench goes on.
 
 Our ``fp8`` rows take an e4m3 q with a per-tensor scale: exactly the inputs of FlashMLA's dense FP8 kernel.
 """
@@ -153,6 +157,8 @@ def run_method(method: Method, case: Case, timer: Callable[[Callable], float] | 
             b, s_q, h_q = case.problem.shape
             ms = timer(call)
             _sync(device)
+            if device.type == "cuda":
+                row["host_us"] = host_time(call)
             flops = decode_flops(s_q, h_q, case.total_seqlen)
             nbytes = decode_bytes(b, s_q, h_q, case.total_seqlen, method.cache_format, 1 if method.q_fp8 else 2)
             row.update(speed(ms, flops, nbytes), flops=flops, bytes=nbytes)
@@ -204,10 +210,24 @@ def summary(row: dict) -> str:
     return text
 
 
-def gpu_timer(warmup: int, rep: int) -> Callable[[Callable], float]:
+def gpu_timer(warmup: int, rep: int, graph: bool = True) -> Callable[[Callable], float]:
     import triton.testing
 
+    if graph:
+        return lambda fn: triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
     return lambda fn: triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+
+
+def host_time(fn: Callable, calls: int = 50) -> float:
+    """µs of host (CPU) time per call: ``calls`` launches back to back, without waiting for the GPU."""
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
 
 
 def cpu_time(fn: Callable) -> float:
@@ -243,7 +263,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fa3", dest="fa3", action="store_false", help="leave FA3 out of the peers")
     parser.add_argument("--accuracy", action="store_true",
                         help="run the accuracy suite (randn, RoPE ×8, 128k tokens, needles) instead of the speed one")
-    parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms")
+    parser.add_argument("--timer", choices=("graph", "eager"), default="graph",
+                        help="GPU timing: the call in a CUDA graph (default), or launched from Python each time")
+    parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms (eager timer)")
     parser.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench-out", help="folder for the table, JSON and plot")
@@ -280,7 +302,8 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
     for m in methods:
         if m.unavailable:
             progress(f"{m.label}: {m.unavailable}")
-    timer = None if args.accuracy else (gpu_timer(args.warmup, args.rep) if device.type == "cuda" else cpu_time)
+    timer = None if args.accuracy else (gpu_timer(args.warmup, args.rep, args.timer == "graph") if device.type == "cuda"
+                                        else cpu_time)
     suite = "accuracy" if args.accuracy else "speed"
     rows = run_suite(configs, methods, device, timer, args.seed, progress, suite)
     print(write_report(rows, suite, device, command, args.out, progress), end="")
