@@ -6,6 +6,7 @@ import triton.language as tl
 
 from .constants import (D_LATENT, D_QK, D_ROPE, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, ROPE_OFFSET, ROW_BYTES,
                         SCALE_OFFSET)
+from .launcher import CachedLauncher
 
 
 EXPONENT_MASK = tl.constexpr(0x7F800000)  # float32 exponent field
@@ -46,7 +47,10 @@ def write_kv_cache_kernel(kv_c_ptr, stride_c, k_pe_ptr, stride_pe, cache_ptr, sl
             tl.store(row + D_LATENT + r, rope.to(tl.bfloat16))
 
 
+_launch = CachedLauncher(write_kv_cache_kernel)
+
+
 def launch_write_kv_cache(kv_c, k_pe, k_cache, slot_mapping, kv_format, descale_k):
-    write_kv_cache_kernel[(kv_c.shape[0],)](
-        kv_c, kv_c.stride(0), k_pe, k_pe.stride(0), k_cache, slot_mapping,
-        descale_k if descale_k is not None else slot_mapping, KV_FORMAT=FORMAT_CODE[kv_format], num_warps=4)
+    _launch((kv_c.shape[0],), (kv_c, kv_c.stride(0), k_pe, k_pe.stride(0), k_cache, slot_mapping,
+                               descale_k if descale_k is not None else slot_mapping),
+            dict(KV_FORMAT=FORMAT_CODE[kv_format]), num_warps=4)

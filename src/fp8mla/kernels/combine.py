@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from .constants import D_LATENT
+from .launcher import CachedLauncher
 
 COMBINE_ROWS = 8  # query rows per program
 
@@ -45,8 +46,10 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
         tl.store(lse_ptr + req.to(tl.int64) * R + (rows % H) * S_Q + rows // H, lse, mask=row_ok)
 
 
+_launch = CachedLauncher(mla_combine_kernel)
+
+
 def launch_combine(out, lse, o_part, lse_part, num_splits):
     b, s_q, h_q, _ = out.shape
     grid = (b, triton.cdiv(s_q * h_q, COMBINE_ROWS))
-    mla_combine_kernel[grid](out, lse, o_part, lse_part, num_splits, h_q, s_q, BLOCK_ROWS=COMBINE_ROWS,
-                             num_warps=4)
+    _launch(grid, (out, lse, o_part, lse_part, num_splits, h_q, s_q), dict(BLOCK_ROWS=COMBINE_ROWS), num_warps=4)

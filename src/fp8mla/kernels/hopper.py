@@ -39,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import formats
+from .launcher import CachedLauncher
 from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, D_LATENT, D_ROPE, END_PAGE, END_REQ, FORMAT_CODE, FP8,
                         FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE)
 
@@ -563,6 +564,7 @@ def mla_decode_hopper_kernel(
 # ---- host side ----
 PV_REGS = gl.constexpr(168)  # 65536 / 384: every warpgroup gets the same
 _descriptors: dict = {}
+_launch = CachedLauncher(mla_decode_hopper_kernel)
 
 
 def _cache_descriptors(k_cache: torch.Tensor, kv_format: str):
@@ -613,9 +615,8 @@ def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_s
                                   o_part, lse_part, softmax_scale, causal, LOG2E.value)
     grid = (meta.shape[0], -(-(s_q * h_q) // BLOCK_M))
     dummy = cache_seqlens  # never read: placeholders for absent scales
-    mla_decode_hopper_kernel[grid](
-        q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
-        block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta, num_splits,
-        out, lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
-        descale_k if descale_k is not None else dummy, softmax_scale * LOG2E.value, h_q, s_q,
-        KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != torch.bfloat16, CAUSAL=causal, num_warps=4)
+    _launch(grid, (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
+                   block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta, num_splits,
+                   out, lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
+                   descale_k if descale_k is not None else dummy, softmax_scale * LOG2E.value, h_q, s_q),
+            dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != torch.bfloat16, CAUSAL=causal), num_warps=4)

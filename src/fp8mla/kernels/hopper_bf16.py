@@ -29,6 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .constants import BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, LN2, METADATA_WIDTH, PAGE_SIZE
 from .hopper import (BLOCK_M, HALF, LEFT, O_GROUP, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16, STAGES,
                      VEC_SMEM, _advance, _load_q, _page_of, _request_range, _seek, _split_slot, _store_o)
+from .launcher import CachedLauncher
 
 O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]))
 LAT_BF16_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
@@ -232,11 +233,14 @@ def mla_decode_hopper_bf16_kernel(
     ], [4, 4], [PV_REGS, PV_REGS])
 
 
+_launch = CachedLauncher(mla_decode_hopper_bf16_kernel)
+
+
 def launch_hopper_bf16(q, lat_desc, rope_desc, block_table, cache_seqlens, meta, num_splits, out, lse, o_part,
                        lse_part, softmax_scale, causal, log2e):
     b, s_q, h_q, _ = q.shape
     grid = (meta.shape[0], -(-(s_q * h_q) // BLOCK_M))
-    mla_decode_hopper_bf16_kernel[grid](
-        q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, block_table, block_table.stride(0),
-        block_table.shape[1], cache_seqlens, meta, num_splits, out, lse, o_part, lse_part, softmax_scale * log2e,
-        h_q, s_q, CAUSAL=causal, num_warps=4)
+    _launch(grid, (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, block_table, block_table.stride(0),
+                   block_table.shape[1], cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
+                   softmax_scale * log2e, h_q, s_q),
+            dict(CAUSAL=causal), num_warps=4)

@@ -20,6 +20,7 @@ import triton.language as tl
 from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, BF16, D_LATENT, D_QK, D_ROPE, END_PAGE, END_REQ,
                         FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE, ROPE_OFFSET,
                         ROW_BYTES, SCALE_OFFSET)
+from .launcher import CachedLauncher
 
 # Promote FP8 partial sums to fp32 every this many products: Hopper's FP8 MMA accumulates in reduced
 # precision, which long contractions (and long contexts) would otherwise pay for.
@@ -177,6 +178,9 @@ def block_m_for(rows: int) -> int:
     return 64 if rows >= 64 else max(16, triton.next_power_of_2(rows))
 
 
+_launch = CachedLauncher(mla_decode_split_kernel)
+
+
 def launch_portable(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
                     descale_q, descale_k, softmax_scale, causal):
     b, s_q, h_q, _ = q.shape
@@ -184,13 +188,12 @@ def launch_portable(q, k_cache, kv_format, block_table, cache_seqlens, meta, num
     block_m = block_m_for(rows)
     grid = (meta.shape[0], triton.cdiv(rows, block_m))
     dummy = cache_seqlens  # never read: placeholders for absent scales
-    mla_decode_split_kernel[grid](
-        q, q.stride(0), q.stride(1), q.stride(2),
-        k_cache, block_table, block_table.stride(0), block_table.shape[1], cache_seqlens,
-        meta, num_splits,
-        out, lse, o_part, lse_part,
-        descale_q if descale_q is not None else dummy, descale_k if descale_k is not None else dummy,
-        softmax_scale * LOG2E.value,
-        h_q, s_q,
-        KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != out.dtype, CAUSAL=causal, BLOCK_M=block_m,
-        num_warps=8 if block_m == 64 else 4, num_stages=1)
+    _launch(grid, (q, q.stride(0), q.stride(1), q.stride(2),
+                   k_cache, block_table, block_table.stride(0), block_table.shape[1], cache_seqlens,
+                   meta, num_splits,
+                   out, lse, o_part, lse_part,
+                   descale_q if descale_q is not None else dummy, descale_k if descale_k is not None else dummy,
+                   softmax_scale * LOG2E.value,
+                   h_q, s_q),
+            dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != out.dtype, CAUSAL=causal, BLOCK_M=block_m),
+            num_warps=8 if block_m == 64 else 4, num_stages=1)

@@ -1,0 +1,63 @@
+"""Launching our compiled kernels without Triton's per-call argument binding.
+
+``kernel[grid](*args)`` binds and specializes every argument, builds a cache key and re-checks each global the
+kernel read (the Gluon kernels read ~30 module-level constexprs) on every call: ~100 µs of Python per launch on
+the H200 machine's CPU, which made one eager decode call cost 150-350 µs of host time against the GPU's ~220 µs
+(BENCHMARKS.md). ``CachedLauncher`` launches through Triton the first time it sees a *specialization key*, built
+here from the argument properties Triton specializes on (dtypes; pointers 16-byte aligned or not; ints equal to
+1, divisible by 16, 64-bit; tensor descriptors' dtype, block, layout, shape and strides), and afterwards calls the
+compiled kernel's own launcher. The key is never coarser than Triton's, so a launch with different properties
+compiles (or looks up) its own kernel through Triton as before.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _spec(arg):
+    """What Triton may specialize a kernel argument on (or more)."""
+    if isinstance(arg, torch.Tensor):
+        return arg.dtype, arg.data_ptr() % 16 == 0
+    if isinstance(arg, bool):
+        return bool, arg
+    if isinstance(arg, int):
+        return int, arg == 1, arg % 16 == 0, -2 ** 31 <= arg < 2 ** 31
+    if isinstance(arg, float):
+        return float
+    if hasattr(arg, "block_shape"):  # a host-side TMA descriptor
+        return (type(arg), arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(arg.block_shape), repr(arg.layout),
+                tuple(arg.shape), tuple(arg.strides))
+    return type(arg), arg
+
+
+def _current_stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+class CachedLauncher:
+    """``launcher(grid, args, constexprs, **options)`` = ``fn[grid](*args, **constexprs, **options)``, the compiled
+    kernel reused for arguments of the same specialization. The kernel's constexpr parameters must come last, in
+    the order of ``constexprs``; ``args`` are the others, positional, and include at least one tensor."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.kernels: dict = {}
+
+    def __call__(self, grid, args: tuple, constexprs: dict, **options):
+        from triton import knobs
+
+        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        key = (device, tuple(map(_spec, args)), tuple(constexprs.items()), tuple(options.items()))
+        kernel = self.kernels.get(key)
+        if kernel is None:
+            if tuple(self.fn.arg_names[len(args):]) != tuple(constexprs):
+                raise TypeError(f"{self.fn.arg_names} do not end with the constexprs {tuple(constexprs)}")
+            kernel = self.fn[grid](*args, **constexprs, **options)
+            if hasattr(kernel, "run"):  # not the interpreter, which compiles nothing
+                self.kernels[key] = kernel
+            return
+        grid = (*grid, 1, 1)[:3]
+        stream = _current_stream(device)
+        params = (*args, *constexprs.values())
+        kernel.run(*grid, stream, kernel.function, kernel.packed_metadata, kernel.launch_metadata(grid, stream, *params),
+                   knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *params)

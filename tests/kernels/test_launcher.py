@@ -1,0 +1,87 @@
+"""CachedLauncher: Triton's launch the first time per specialization, the compiled kernel's launcher after."""
+import pytest
+import torch
+from triton import knobs
+
+from fp8mla.kernels import launcher
+from fp8mla.kernels.launcher import CachedLauncher
+
+
+class FakeKernel:
+    function, packed_metadata = "function", "packed"
+
+    def __init__(self):
+        self.runs = []
+
+    def launch_metadata(self, grid, stream, *params):
+        return ("meta", grid, stream, len(params))
+
+    def run(self, *args):
+        self.runs.append(args)
+
+
+class FakeJit:
+    """Stands for a @triton.jit function: ``fn[grid](*args, **kwargs)`` 'compiles' and launches."""
+    arg_names = ["x", "n", "scale", "BLOCK"]
+
+    def __init__(self):
+        self.triton_launches = []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            kernel = FakeKernel()
+            self.triton_launches.append((grid, args, kwargs, kernel))
+            return kernel
+        return launch
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    monkeypatch.setattr(launcher, "_current_stream", lambda device: 7)
+    fn = FakeJit()
+    return fn, CachedLauncher(fn)
+
+
+def test_second_launch_skips_triton_and_passes_every_parameter(fake):
+    fn, launch = fake
+    x = torch.zeros(64)
+    launch((4,), (x, 32, 0.5), dict(BLOCK=16), num_warps=4)
+    assert len(fn.triton_launches) == 1
+    grid, args, kwargs, kernel = fn.triton_launches[0]
+    assert (grid, args, kwargs) == ((4,), (x, 32, 0.5), dict(BLOCK=16, num_warps=4)) and kernel.runs == []
+    y = torch.ones(64)  # same dtype and alignment, another int with the same properties
+    launch((5, 2), (y, 48, 0.25), dict(BLOCK=16), num_warps=4)
+    assert len(fn.triton_launches) == 1
+    (run,) = kernel.runs
+    assert run[:9] == (5, 2, 1, 7, "function", "packed", ("meta", (5, 2, 1), 7, 4), knobs.runtime.launch_enter_hook,
+                       knobs.runtime.launch_exit_hook)
+    assert run[9:] == (y, 48, 0.25, 16)
+
+
+@pytest.mark.parametrize("args,constexprs,options", [
+    ((torch.zeros(64)[1:], 32, 0.5), dict(BLOCK=16), dict(num_warps=4)),      # a pointer not 16-byte aligned
+    ((torch.zeros(64, dtype=torch.float16), 32, 0.5), dict(BLOCK=16), dict(num_warps=4)),  # another dtype
+    ((torch.zeros(64), 1, 0.5), dict(BLOCK=16), dict(num_warps=4)),            # an int equal to 1
+    ((torch.zeros(64), 40, 0.5), dict(BLOCK=16), dict(num_warps=4)),           # an int not divisible by 16
+    ((torch.zeros(64), 2 ** 33, 0.5), dict(BLOCK=16), dict(num_warps=4)),      # a 64-bit int
+    ((torch.zeros(64), 32, 0.5), dict(BLOCK=32), dict(num_warps=4)),           # another constexpr
+    ((torch.zeros(64), 32, 0.5), dict(BLOCK=16), dict(num_warps=8)),           # another option
+])
+def test_another_specialization_goes_through_triton(fake, args, constexprs, options):
+    fn, launch = fake
+    launch((4,), (torch.zeros(64), 32, 0.5), dict(BLOCK=16), num_warps=4)
+    launch((4,), args, constexprs, **options)
+    assert len(fn.triton_launches) == 2 and fn.triton_launches[0][3].runs == []
+
+
+def test_constexprs_must_be_the_last_parameters_in_order(fake):
+    fn, launch = fake
+    with pytest.raises(TypeError, match="constexprs"):
+        launch((1,), (torch.zeros(4), 32), dict(BLOCK=16, scale=0.5))
+
+
+def test_the_interpreter_launches_through_triton_every_time(fake):
+    fn, launch = fake
+    fn.__class__ = type("InterpretedFake", (FakeJit,), {"__getitem__": lambda self, grid: lambda *a, **k: None})
+    launch((1,), (torch.zeros(4), 32, 0.5), dict(BLOCK=16))
+    assert launch.kernels == {}
