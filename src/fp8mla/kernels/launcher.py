@@ -59,5 +59,6 @@ class CachedLauncher:
         grid = (*grid, 1, 1)[:3]
         stream = _current_stream(device)
         params = (*args, *constexprs.values())
-        kernel.run(*grid, stream, kernel.function, kernel.packed_metadata, kernel.launch_metadata(grid, stream, *params),
-                   knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *params)
+        metadata = kernel.launch_metadata(grid, stream, *params)
+        kernel.run(*grid, stream, kernel.function, kernel.packed_metadata, metadata, knobs.runtime.launch_enter_hook,
+                   knobs.runtime.launch_exit_hook, *params)
