@@ -25,7 +25,7 @@ def _spec(arg):
     if isinstance(arg, float):
         return float
     if hasattr(arg, "block_shape"):  # a host-side TMA descriptor
-        return (type(arg), arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(arg.block_shape), repr(arg.layout),
+        return (type(arg), arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(arg.block_shape), arg.layout,
                 tuple(arg.shape), tuple(arg.strides))
     return type(arg), arg
 
