@@ -114,7 +114,7 @@ def our_method(kv_format: str, backend: str) -> Method:
     q_fp8 = kv_format == "fp8"  # the e4m3 q FlashMLA's dense FP8 kernel gets
 
     def prepare(case: Case):
-        p, (b, s_q, h_q) = case.problem, case.problem.shape
+        p, (_, s_q, h_q) = case.problem, case.problem.shape
         x = case.inputs(kv_format, q_fp8)
         meta, num_splits = get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
         call = functools.partial(flash_mla_with_kvcache, x["q"], x["k_cache"], p.block_table, p.cache_seqlens,

@@ -39,41 +39,27 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import formats
+from .constants import (BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
+                        LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE)
+from .hopper_common import (BLOCK_M, HALF, LEFT, O_GROUP, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM,
+                            advance, dim_bit as _d, load_q, page_of, request_range, seek, split_slot, store_o,
+                            token_bit as _t)
 from .launcher import CachedLauncher
-from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, D_LATENT, D_ROPE, END_PAGE, END_REQ, FORMAT_CODE, FP8,
-                        FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE)
 
-BLOCK_M = gl.constexpr(64)   # query rows per CTA (one wgmma M)
-HALF = gl.constexpr(256)     # output columns per PV warpgroup
-LEFT, RIGHT = gl.constexpr(0), gl.constexpr(1)  # the PV warpgroups' halves
 V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
 STAGES = gl.constexpr(2)     # KV pages in flight per CTA
-Q_CHUNK = gl.constexpr(128)  # q columns quantized at a time
 SCALE_COLS = gl.constexpr(4)  # fp32 columns TMA fetches from each token's scale (16 bytes: TMA's narrowest box)
 SUPPORTED_FORMATS = ("bf16", "fp8", "fp8_rope_bf16")   # bf16: hopper_bf16.py
 
 # ---- layouts ----
 LAT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=2))  # [64, 512] e4m3
-ROPE_BF16_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 ROPE_FP8_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))
 SCALE_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=2))  # [64, 4] fp32
 VT_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [256, 64] e4m3
 P_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [64, 64] e4m3
-VEC_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
-# S [64 rows, 64 tokens]: fp8 wgmma layout (k = 32) and the bf16 one (k = 16) it converts to for free
+# S [64 rows, 64 tokens] of the fp8 wgmma (k = 32); it converts to S_BF16's (k = 16) for free
 S_FP8 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32]))
-S_BF16 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
 O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
-Q_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1],
-                                       order=[1, 0]))
-
-
-def _t(i):  # token (or O row) bit i of a [64, n] register layout
-    return [1 << i, 0]
-
-
-def _d(i):  # dim (column) bit i
-    return [0, 1 << i]
 
 
 # A page's [64 tokens, SCALE_COLS] scale tile, each token held by the threads that hold its score column in S_FP8
@@ -92,11 +78,6 @@ V_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(0),
                                                  warp_bases=[_t(4), _t(5)], block_bases=[], shape=[64, 128]))
 
 
-# One 32-column group of O in dim order (see _store_group): each thread's 8 consecutive dims in register order, so
-# the stores vectorize; these are the registers O_ACC holds the group in, so converting to it moves nothing.
-O_GROUP = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _d(2), _t(3)],
-                                                  lane_bases=[_d(3), _d(4), _t(0), _t(1), _t(2)],
-                                                  warp_bases=[_t(4), _t(5)], block_bases=[], shape=[64, 32]))
 
 
 @gluon.jit
@@ -137,87 +118,6 @@ def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
     z = gl.reshape(gl.permute(gl.reshape(z, [PAGE_SIZE, V_CHUNK // 32, 8, 4]), (0, 1, 3, 2)),
                    [PAGE_SIZE, V_CHUNK])                                       # dim relabel
     dst.store(gl.permute(z, (1, 0)))
-
-
-@gluon.jit
-def _load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, AS_IS: gl.constexpr):
-    """One request's 64 query rows into shared memory; returns each row's latent descale.
-
-    AS_IS: q already has q_lat's dtype (an e4m3 q here, a bf16 q in hopper_bf16.py) and is copied as it is.
-    Otherwise a bf16 q has its latent part quantized to e4m3 with a scale per row (read in 128-column chunks,
-    twice: amax, then scale, so no thread holds a whole row) and its RoPE part kept bf16.
-    """
-    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, Q_LOAD))
-    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
-    ok = (rows < R)[:, None]
-    cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
-    if AS_IS:
-        descale = gl.full([BLOCK_M], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
-    else:
-        amax = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, Q_LOAD))
-        for c in gl.static_range(D_LATENT // Q_CHUNK):
-            x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
-            amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
-        descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
-        scale = 1.0 / descale  # one division per row, not per element
-    for c in gl.static_range(D_LATENT // Q_CHUNK):
-        x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)
-        if not AS_IS:
-            x = (x.to(gl.float32) * scale[:, None]).to(gl.float8e4nv)
-        q_lat.slice(c * Q_CHUNK, Q_CHUNK, dim=1).store(x)
-    r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
-    q_rope.store(gl.load(row_ptr + D_LATENT + r, mask=ok, other=0.0))
-    fence_async_shared()
-    return descale
-
-
-@gluon.jit
-def _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req):
-    """(seqlen, first page, end page) of request req within this CTA's part (no pages if the part is empty:
-    then req is one past the last request, and seqlens is not read)."""
-    seqlen = gl.load(seqlens_ptr + req, mask=req <= end_req, other=0)
-    lo = gl.where(req == begin_req, gl.load(meta_ptr + BEGIN_PAGE), 0)
-    hi = gl.where(req == end_req, gl.load(meta_ptr + END_PAGE), (seqlen + PAGE_SIZE - 1) // PAGE_SIZE)
-    return seqlen, lo, gl.minimum(hi, max_pages)
-
-
-@gluon.jit
-def _split_slot(meta_ptr, num_splits_ptr, req, begin_req):
-    """(True if the request has a single split, its partial-result slot)."""
-    split0 = gl.load(num_splits_ptr + req)
-    direct = gl.load(num_splits_ptr + req + 1) - split0 == 1
-    split = split0 + gl.where(req == begin_req, gl.load(meta_ptr + BEGIN_SPLIT), 0)
-    return direct, split
-
-
-@gluon.jit
-def _seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req):
-    """The first page of the part at or after (req, blk), requests past their last page skipped:
-    (req, blk, whether there is one, the request's seqlen, its end page)."""
-    seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
-    while (blk >= hi) & (req < end_req):
-        req += 1
-        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
-        blk = lo
-    return req, blk, blk < hi, seqlen, hi
-
-
-@gluon.jit
-def _advance(meta_ptr, seqlens_ptr, max_pages, req, blk, seqlen, hi, begin_req, end_req):
-    """The page after (req, blk), as _seek returns it; reads metadata only when the request ends, so a
-    cursor's step costs no global-memory round trip."""
-    blk += 1
-    ok = blk < hi
-    if blk >= hi:
-        req, blk, ok, seqlen, hi = _seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req)
-    return req, blk, ok, seqlen, hi
-
-
-@gluon.jit
-def _page_of(block_table_ptr, stride_bt, req, blk, ok):
-    """Block-table entry of (req, blk), read only if the cursor is on a page (ok): past its part's end it may point
-    one past the table's row, and a table may have no columns at all."""
-    return gl.load(block_table_ptr + req * stride_bt + blk, mask=ok, other=0)
 
 
 @gluon.jit
@@ -290,25 +190,25 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
     end_req = gl.load(meta_ptr + END_REQ)
     # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries; the block-table entry
     # of its next page is read one load ahead, so the load's latency hides behind a page of work
-    load_req, load_blk, load_ok, load_len, load_hi = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
+    load_req, load_blk, load_ok, load_len, load_hi = seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
                                                            gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
-    load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+    load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
     loaded = 0
     for i in gl.static_range(STAGES):
         if load_ok:
             _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty, load_page,
                        loaded, KV_FORMAT)
             loaded += 1
-            load_req, load_blk, load_ok, load_len, load_hi = _advance(meta_ptr, seqlens_ptr, max_pages, load_req,
+            load_req, load_blk, load_ok, load_len, load_hi = advance(meta_ptr, seqlens_ptr, max_pages, load_req,
                                                                       load_blk, load_len, load_hi, begin_req, end_req)
-            load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+            load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
     it = 0       # pages consumed (KV ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
     for req in range(begin_req, end_req + 1):
-        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             q_scale = gl.convert_layout(
-                _load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8), row_l)
+                load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8), row_l)
             if CAUSAL:  # query token s sees keys [0, seqlen - (S_Q - 1 - s))
                 key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
                 min_key_limit = seqlen - (S_Q - 1)
@@ -366,9 +266,9 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                     _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
                                load_page, loaded, KV_FORMAT)
                     loaded += 1
-                    load_req, load_blk, load_ok, load_len, load_hi = _advance(
+                    load_req, load_blk, load_ok, load_len, load_hi = advance(
                         meta_ptr, seqlens_ptr, max_pages, load_req, load_blk, load_len, load_hi, begin_req, end_req)
-                    load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+                    load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
             m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, key_limit, min_key_limit, m_i, l_i, v_unit,
                                              it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
 
@@ -381,7 +281,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             mbarrier.wait(epi_free, (n_req & 1) ^ 1)
             norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
             mbarrier.arrive(epi_ready)
-            direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
             lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
             row_ok = rows < R
             if direct:
@@ -409,49 +309,6 @@ def _transpose_page(k_lat, vt, kv_ready, kv_empty, slot, valid, WG: gl.constexpr
 
 
 @gluon.jit
-def _store_o(out_row, part_row, direct, o, norm, ok, VT_ORDER: gl.constexpr):
-    """This warpgroup's [64, 256] O times norm (per row): to out (bf16) if direct, else to its partial slot (fp32),
-    at X_row[row] + dim. One 32-column group a (column 32a + n) at a time, so few registers are in flight.
-    VT_ORDER: O's columns are in V^T's permuted dim order (see _store_group)."""
-    x = gl.permute(gl.reshape(o, [BLOCK_M, 2, 2, 2, 32]), (0, 4, 3, 2, 1))   # [row, n, a bit 0, bit 1, bit 2]
-    x0, x1 = gl.split(x)
-    x00, x01 = gl.split(x0)
-    x10, x11 = gl.split(x1)
-    g0, g1 = gl.split(x00)
-    g2, g3 = gl.split(x01)
-    g4, g5 = gl.split(x10)
-    g6, g7 = gl.split(x11)
-    _store_group(out_row, part_row, direct, g0, 0, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g1, 32, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g2, 64, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g3, 96, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g4, 128, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g5, 160, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g6, 192, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g7, 224, norm, ok, VT_ORDER)
-
-
-@gluon.jit
-def _store_group(out_row, part_row, direct, g, col0: gl.constexpr, norm, ok, VT_ORDER: gl.constexpr):
-    """One 32-column group. With VT_ORDER its accumulator column 8b + 2q + e holds V dim 8q + 4e + b (V^T's row
-    order), so a register relabel puts each thread's 8 dims in order for 16-byte stores; without, column n is dim
-    n and each thread stores pairs of dims. Row vectors come in SliceLayout(1, O_GROUP), which holds O's rows as
-    the accumulator does (converting them moves nothing)."""
-    if VT_ORDER:
-        g = gl.reshape(gl.permute(gl.reshape(g, [BLOCK_M, 4, 4, 2]), (0, 2, 3, 1)), [BLOCK_M, 32])
-        g = gl.convert_layout(g, O_GROUP, assert_trivial=True)
-    layout: gl.constexpr = g.type.layout
-    row_l: gl.constexpr = gl.SliceLayout(1, layout)
-    g = g * gl.convert_layout(norm, row_l, assert_trivial=True)[:, None]
-    ok = gl.convert_layout(ok, row_l, assert_trivial=True)[:, None]
-    cols = (col0 + gl.arange(0, 32, gl.SliceLayout(0, layout)))[None, :]
-    if direct:
-        gl.store(gl.convert_layout(out_row, row_l, assert_trivial=True)[:, None] + cols, g.to(gl.bfloat16), mask=ok)
-    else:
-        gl.store(gl.convert_layout(part_row, row_l, assert_trivial=True)[:, None] + cols, g, mask=ok)
-
-
-@gluon.jit
 def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
            S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
            WG: gl.constexpr):
@@ -463,16 +320,16 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
     R = H * S_Q
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
-    t_req, t_blk, t_ok, t_len, t_hi = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
+    t_req, t_blk, t_ok, t_len, t_hi = seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
                                             gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
     if t_ok:
         _transpose_page(k_lat, vt, kv_ready, kv_empty, 0, t_len - t_blk * PAGE_SIZE, WG)
-        t_req, t_blk, t_ok, t_len, t_hi = _advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len, t_hi,
+        t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len, t_hi,
                                                    begin_req, end_req)
     it = 0
     n_req = 0
     for req in range(begin_req, end_req + 1):
-        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             o = warpgroup_mma_init(gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC))
             for blk in range(lo, hi):
@@ -482,7 +339,7 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
                     mbarrier.arrive(p_free.index(1 - pb))
                 if t_ok:  # the next page's V^T, into the buffer that P.V just released
                     _transpose_page(k_lat, vt, kv_ready, kv_empty, it + 1, t_len - t_blk * PAGE_SIZE, WG)
-                    t_req, t_blk, t_ok, t_len, t_hi = _advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len,
+                    t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len,
                                                                t_hi, begin_req, end_req)
                 mbarrier.wait(p_ready.index(pb), (it // 2) & 1)
                 alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, O_ACC))
@@ -496,9 +353,9 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
             mbarrier.wait(epi_ready, n_req & 1)
             norm = norm_smem.load(gl.SliceLayout(1, O_GROUP))   # O's rows, held as O_ACC holds them
             mbarrier.arrive(epi_free)
-            direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
             rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
-            _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
+            store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
                      o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R,
                      True)
             n_req += 1
@@ -562,7 +419,6 @@ def mla_decode_hopper_kernel(
 
 
 # ---- host side ----
-PV_REGS = gl.constexpr(168)  # 65536 / 384: every warpgroup gets the same
 _descriptors: dict = {}
 _launch = CachedLauncher(mla_decode_hopper_kernel)
 

@@ -27,10 +27,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .constants import BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, LN2, METADATA_WIDTH, PAGE_SIZE
-from .hopper import (BLOCK_M, HALF, LEFT, O_GROUP, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16, STAGES,
-                     VEC_SMEM, _advance, _load_q, _page_of, _request_range, _seek, _split_slot, _store_o)
+from .hopper_common import (BLOCK_M, HALF, LEFT, O_GROUP, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, advance,
+                            load_q, page_of, request_range, seek, split_slot, store_o)
 from .launcher import CachedLauncher
 
+STAGES = gl.constexpr(2)     # ring slots, a whole page each
 O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]))
 LAT_BF16_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 ZERO_CHUNK = gl.constexpr(64)  # V columns zeroed at a time
@@ -82,9 +83,9 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
     it = 0       # pages consumed (ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
     for req in range(begin_req, end_req + 1):
-        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
-            _load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, True)  # bf16 as it is
+            load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, True)  # bf16 as it is
             if CAUSAL:  # query token s sees keys [0, seqlen - (S_Q - 1 - s))
                 key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
                 min_key_limit = seqlen - (S_Q - 1)
@@ -110,7 +111,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
             mbarrier.wait(epi_free, (n_req & 1) ^ 1)
             norm_smem.store(gl.where(seen, 1.0 / l_i, 0.0))
             mbarrier.arrive(epi_ready)
-            direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
             lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
             row_ok = rows < R
             if direct:
@@ -141,21 +142,21 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     if WG == LEFT:  # the TMA cursor runs STAGES pages ahead, across requests (see hopper.py)
-        load_req, load_blk, load_ok, load_len, load_hi = _seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
+        load_req, load_blk, load_ok, load_len, load_hi = seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
                                                                gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
-        load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+        load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
         loaded = 0
         for i in gl.static_range(STAGES):
             if load_ok:
                 _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
                 loaded += 1
-                load_req, load_blk, load_ok, load_len, load_hi = _advance(
+                load_req, load_blk, load_ok, load_len, load_hi = advance(
                     meta_ptr, seqlens_ptr, max_pages, load_req, load_blk, load_len, load_hi, begin_req, end_req)
-                load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+                load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
     it = 0
     n_req = 0
     for req in range(begin_req, end_req + 1):
-        seqlen, lo, hi = _request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             o = gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC)
             for blk in range(lo, hi):
@@ -175,18 +176,18 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
                     if load_ok:  # the slot's next page: waits for the right warpgroup's P.V of this one
                         _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
                         loaded += 1
-                        load_req, load_blk, load_ok, load_len, load_hi = _advance(
+                        load_req, load_blk, load_ok, load_len, load_hi = advance(
                             meta_ptr, seqlens_ptr, max_pages, load_req, load_blk, load_len, load_hi, begin_req,
                             end_req)
-                        load_page = _page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+                        load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
 
             # ---- epilogue: O * norm -> out (a request with one split) or its partial slot ----
             mbarrier.wait(epi_ready, n_req & 1)
             norm = norm_smem.load(gl.SliceLayout(1, O_GROUP))
             mbarrier.arrive(epi_free)
-            direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
             rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
-            _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
+            store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
                      o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R,
                      False)
             n_req += 1

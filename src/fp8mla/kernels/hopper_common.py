@@ -1,0 +1,163 @@
+"""What the two Hopper kernels (hopper.py: FP8 caches, hopper_bf16.py: bf16) share: the shapes of their three
+warpgroups' work, the page cursor that walks a part of the split-KV schedule, q into shared memory, and O out of
+the PV warpgroups."""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
+
+from .constants import BEGIN_PAGE, BEGIN_SPLIT, D_LATENT, D_ROPE, END_PAGE, FP8_MAX, PAGE_SIZE
+
+BLOCK_M = gl.constexpr(64)   # query rows per CTA (one wgmma M)
+HALF = gl.constexpr(256)     # output columns per PV warpgroup
+LEFT, RIGHT = gl.constexpr(0), gl.constexpr(1)  # the PV warpgroups' halves
+PV_REGS = gl.constexpr(168)  # registers per thread: 65536 / 384, every warpgroup gets the same
+Q_CHUNK = gl.constexpr(128)  # q columns quantized at a time
+
+ROPE_BF16_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
+VEC_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
+Q_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1],
+                                       order=[1, 0]))
+# S [64 rows, 64 tokens] of a BF16 wgmma (k = 16)
+S_BF16 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+
+
+def token_bit(i):  # token (or O row) bit i of a [64, n] register layout's basis
+    return [1 << i, 0]
+
+
+def dim_bit(i):  # dim (column) bit i
+    return [0, 1 << i]
+
+
+# One 32-column group of O in dim order (see _store_group): each thread's 8 consecutive dims in register order, so
+# the stores vectorize; these are the registers O_ACC holds the group in, so converting to it moves nothing.
+O_GROUP = gl.constexpr(gl.DistributedLinearLayout(
+    reg_bases=[dim_bit(0), dim_bit(1), dim_bit(2), token_bit(3)],
+    lane_bases=[dim_bit(3), dim_bit(4), token_bit(0), token_bit(1), token_bit(2)],
+    warp_bases=[token_bit(4), token_bit(5)], block_bases=[], shape=[64, 32]))
+
+
+@gluon.jit
+def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, AS_IS: gl.constexpr):
+    """One request's 64 query rows into shared memory; returns each row's latent descale.
+
+    AS_IS: q already has q_lat's dtype (an e4m3 q in hopper.py, a bf16 q in hopper_bf16.py): copied as it is.
+    Otherwise a bf16 q has its latent part quantized to e4m3 with a scale per row (read in 128-column chunks,
+    twice: amax, then scale, so no thread holds a whole row) and its RoPE part kept bf16.
+    """
+    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, Q_LOAD))
+    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
+    ok = (rows < R)[:, None]
+    cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
+    if AS_IS:
+        descale = gl.full([BLOCK_M], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
+    else:
+        amax = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, Q_LOAD))
+        for c in gl.static_range(D_LATENT // Q_CHUNK):
+            x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
+            amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
+        descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
+        scale = 1.0 / descale  # one division per row, not per element
+    for c in gl.static_range(D_LATENT // Q_CHUNK):
+        x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)
+        if not AS_IS:
+            x = (x.to(gl.float32) * scale[:, None]).to(gl.float8e4nv)
+        q_lat.slice(c * Q_CHUNK, Q_CHUNK, dim=1).store(x)
+    r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
+    q_rope.store(gl.load(row_ptr + D_LATENT + r, mask=ok, other=0.0))
+    fence_async_shared()
+    return descale
+
+
+@gluon.jit
+def request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req):
+    """(seqlen, first page, end page) of request req within this CTA's part (no pages if the part is empty:
+    then req is one past the last request, and seqlens is not read)."""
+    seqlen = gl.load(seqlens_ptr + req, mask=req <= end_req, other=0)
+    lo = gl.where(req == begin_req, gl.load(meta_ptr + BEGIN_PAGE), 0)
+    hi = gl.where(req == end_req, gl.load(meta_ptr + END_PAGE), (seqlen + PAGE_SIZE - 1) // PAGE_SIZE)
+    return seqlen, lo, gl.minimum(hi, max_pages)
+
+
+@gluon.jit
+def split_slot(meta_ptr, num_splits_ptr, req, begin_req):
+    """(True if the request has a single split, its partial-result slot)."""
+    split0 = gl.load(num_splits_ptr + req)
+    direct = gl.load(num_splits_ptr + req + 1) - split0 == 1
+    split = split0 + gl.where(req == begin_req, gl.load(meta_ptr + BEGIN_SPLIT), 0)
+    return direct, split
+
+
+@gluon.jit
+def seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req):
+    """The first page of the part at or after (req, blk), requests past their last page skipped:
+    (req, blk, whether there is one, the request's seqlen, its end page)."""
+    seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+    while (blk >= hi) & (req < end_req):
+        req += 1
+        seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        blk = lo
+    return req, blk, blk < hi, seqlen, hi
+
+
+@gluon.jit
+def advance(meta_ptr, seqlens_ptr, max_pages, req, blk, seqlen, hi, begin_req, end_req):
+    """The page after (req, blk), as seek returns it; reads metadata only when the request ends, so a
+    cursor's step costs no global-memory round trip."""
+    blk += 1
+    ok = blk < hi
+    if blk >= hi:
+        req, blk, ok, seqlen, hi = seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req)
+    return req, blk, ok, seqlen, hi
+
+
+@gluon.jit
+def page_of(block_table_ptr, stride_bt, req, blk, ok):
+    """Block-table entry of (req, blk), read only if the cursor is on a page (ok): past its part's end it may point
+    one past the table's row, and a table may have no columns at all."""
+    return gl.load(block_table_ptr + req * stride_bt + blk, mask=ok, other=0)
+
+
+@gluon.jit
+def store_o(out_row, part_row, direct, o, norm, ok, VT_ORDER: gl.constexpr):
+    """This warpgroup's [64, 256] O times norm (per row): to out (bf16) if direct, else to its partial slot (fp32),
+    at X_row[row] + dim. One 32-column group a (column 32a + n) at a time, so few registers are in flight.
+    VT_ORDER: O's columns are in V^T's permuted dim order (see _store_group)."""
+    x = gl.permute(gl.reshape(o, [BLOCK_M, 2, 2, 2, 32]), (0, 4, 3, 2, 1))   # [row, n, a bit 0, bit 1, bit 2]
+    x0, x1 = gl.split(x)
+    x00, x01 = gl.split(x0)
+    x10, x11 = gl.split(x1)
+    g0, g1 = gl.split(x00)
+    g2, g3 = gl.split(x01)
+    g4, g5 = gl.split(x10)
+    g6, g7 = gl.split(x11)
+    _store_group(out_row, part_row, direct, g0, 0, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g1, 32, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g2, 64, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g3, 96, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g4, 128, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g5, 160, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g6, 192, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g7, 224, norm, ok, VT_ORDER)
+
+
+@gluon.jit
+def _store_group(out_row, part_row, direct, g, col0: gl.constexpr, norm, ok, VT_ORDER: gl.constexpr):
+    """One 32-column group. With VT_ORDER its accumulator column 8b + 2q + e holds V dim 8q + 4e + b (V^T's row
+    order), so a register relabel puts each thread's 8 dims in order for 16-byte stores; without, column n is dim
+    n and each thread stores pairs of dims. Row vectors come in SliceLayout(1, O_GROUP), which holds O's rows as
+    the accumulator does (converting them moves nothing)."""
+    if VT_ORDER:
+        g = gl.reshape(gl.permute(gl.reshape(g, [BLOCK_M, 4, 4, 2]), (0, 2, 3, 1)), [BLOCK_M, 32])
+        g = gl.convert_layout(g, O_GROUP, assert_trivial=True)
+    layout: gl.constexpr = g.type.layout
+    row_l: gl.constexpr = gl.SliceLayout(1, layout)
+    g = g * gl.convert_layout(norm, row_l, assert_trivial=True)[:, None]
+    ok = gl.convert_layout(ok, row_l, assert_trivial=True)[:, None]
+    cols = (col0 + gl.arange(0, 32, gl.SliceLayout(0, layout)))[None, :]
+    if direct:
+        gl.store(gl.convert_layout(out_row, row_l, assert_trivial=True)[:, None] + cols, g.to(gl.bfloat16), mask=ok)
+    else:
+        gl.store(gl.convert_layout(part_row, row_l, assert_trivial=True)[:, None] + cols, g, mask=ok)
