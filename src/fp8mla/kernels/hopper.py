@@ -191,7 +191,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
     # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries; the block-table entry
     # of its next page is read one load ahead, so the load's latency hides behind a page of work
     load_req, load_blk, load_ok, load_len, load_hi = seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
-                                                           gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
+                                                          gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
     load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
     loaded = 0
     for i in gl.static_range(STAGES):
@@ -200,7 +200,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                        loaded, KV_FORMAT)
             loaded += 1
             load_req, load_blk, load_ok, load_len, load_hi = advance(meta_ptr, seqlens_ptr, max_pages, load_req,
-                                                                      load_blk, load_len, load_hi, begin_req, end_req)
+                                                                     load_blk, load_len, load_hi, begin_req, end_req)
             load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
     it = 0       # pages consumed (KV ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
@@ -321,11 +321,11 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     t_req, t_blk, t_ok, t_len, t_hi = seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
-                                            gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
+                                           gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
     if t_ok:
         _transpose_page(k_lat, vt, kv_ready, kv_empty, 0, t_len - t_blk * PAGE_SIZE, WG)
         t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len, t_hi,
-                                                   begin_req, end_req)
+                                                  begin_req, end_req)
     it = 0
     n_req = 0
     for req in range(begin_req, end_req + 1):
@@ -340,7 +340,7 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
                 if t_ok:  # the next page's V^T, into the buffer that P.V just released
                     _transpose_page(k_lat, vt, kv_ready, kv_empty, it + 1, t_len - t_blk * PAGE_SIZE, WG)
                     t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len,
-                                                               t_hi, begin_req, end_req)
+                                                              t_hi, begin_req, end_req)
                 mbarrier.wait(p_ready.index(pb), (it // 2) & 1)
                 alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, O_ACC))
                 o = warpgroup_mma(p_smem.index(pb), vt.index(2 * WG + pb).permute((1, 0)), o * alpha[:, None],
@@ -356,8 +356,8 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
             direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
             rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
             store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
-                     o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R,
-                     True)
+                    o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R,
+                    True)
             n_req += 1
 
 

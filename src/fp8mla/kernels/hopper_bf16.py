@@ -143,7 +143,7 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
     end_req = gl.load(meta_ptr + END_REQ)
     if WG == LEFT:  # the TMA cursor runs STAGES pages ahead, across requests (see hopper.py)
         load_req, load_blk, load_ok, load_len, load_hi = seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
-                                                               gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
+                                                              gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
         load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
         loaded = 0
         for i in gl.static_range(STAGES):
@@ -188,8 +188,8 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
             direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
             rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
             store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
-                     o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R,
-                     False)
+                    o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R,
+                    False)
             n_req += 1
 
 
