@@ -85,3 +85,21 @@ def test_the_interpreter_launches_through_triton_every_time(fake):
     fn.__class__ = type("InterpretedFake", (FakeJit,), {"__getitem__": lambda self, grid: lambda *a, **k: None})
     launch((1,), (torch.zeros(4), 32, 0.5), dict(BLOCK=16))
     assert launch.kernels == {}
+
+
+def test_tensor_descriptors_are_keyed_by_block_layout_shape_and_base(fake):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from fp8mla.kernels.hopper import LAT_SMEM
+
+    fn, launch = fake
+    pages = torch.zeros(256, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+
+    def desc(rows=128, block=64, col=0):
+        return TensorDescriptor.from_tensor(pages[:rows, col:col + 512], [block, 512], LAT_SMEM.value)
+
+    launch((1,), (desc(), 32, 0.5), dict(BLOCK=16))
+    launch((1,), (desc(), 32, 0.5), dict(BLOCK=16))          # an equal descriptor (a new object): reused
+    assert len(fn.triton_launches) == 1
+    for other in (desc(block=32), desc(rows=256), desc(col=8)):  # block, shape, base not 16-byte aligned
+        launch((1,), (other, 32, 0.5), dict(BLOCK=16))
+    assert len(fn.triton_launches) == 4

@@ -37,7 +37,8 @@ def _current_stream(device: torch.device) -> int:
 class CachedLauncher:
     """``launcher(grid, args, constexprs, **options)`` = ``fn[grid](*args, **constexprs, **options)``, the compiled
     kernel reused for arguments of the same specialization. The kernel's constexpr parameters must come last, in
-    the order of ``constexprs``; ``args`` are the others, positional, and include at least one tensor."""
+    the order of ``constexprs``; ``args`` are the others, positional, and include at least one tensor or tensor
+    descriptor (the launch's device)."""
 
     def __init__(self, fn):
         self.fn = fn
@@ -46,7 +47,7 @@ class CachedLauncher:
     def __call__(self, grid, args: tuple, constexprs: dict, **options):
         from triton import knobs
 
-        device = next(a.device for a in args if isinstance(a, torch.Tensor))
+        device = next(a.device for a in (getattr(a, "base", a) for a in args) if isinstance(a, torch.Tensor))
         key = (device, tuple(map(_spec, args)), tuple(constexprs.items()), tuple(options.items()))
         kernel = self.kernels.get(key)
         if kernel is None:
