@@ -87,19 +87,19 @@ def test_the_interpreter_launches_through_triton_every_time(fake):
     assert launch.kernels == {}
 
 
-def test_tensor_descriptors_are_keyed_by_block_layout_shape_and_base(fake):
+def test_tensor_descriptors_are_keyed_by_block_shape_and_strides(fake):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     from fp8mla.kernels.hopper import LAT_SMEM
 
     fn, launch = fake
-    pages = torch.zeros(256, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
 
-    def desc(rows=128, block=64, col=0):
+    def desc(rows=128, block=64, width=576, col=0):
+        pages = torch.zeros(256, width, dtype=torch.uint8).view(torch.float8_e4m3fn)
         return TensorDescriptor.from_tensor(pages[:rows, col:col + 512], [block, 512], LAT_SMEM.value)
 
     launch((1,), (desc(), 32, 0.5), dict(BLOCK=16))
-    launch((1,), (desc(), 32, 0.5), dict(BLOCK=16))          # an equal descriptor (a new object): reused
+    launch((1,), (desc(col=16), 32, 0.5), dict(BLOCK=16))   # another descriptor of the same kind: reused
     assert len(fn.triton_launches) == 1
-    for other in (desc(block=32), desc(rows=256), desc(col=8)):  # block, shape, base not 16-byte aligned
+    for other in (desc(block=32), desc(rows=256), desc(width=640)):  # block, shape, strides
         launch((1,), (other, 32, 0.5), dict(BLOCK=16))
     assert len(fn.triton_launches) == 4
