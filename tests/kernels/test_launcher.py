@@ -37,6 +37,8 @@ class FakeJit:
 
 @pytest.fixture
 def fake(monkeypatch):
+    monkeypatch.setattr(launcher, "_interpreting", lambda: False)
+    monkeypatch.setattr(launcher, "_current_device", lambda: 0)
     monkeypatch.setattr(launcher, "_current_stream", lambda device: 7)
     fn = FakeJit()
     return fn, CachedLauncher(fn)
@@ -80,11 +82,20 @@ def test_constexprs_must_be_the_last_parameters_in_order(fake):
         launch((1,), (torch.zeros(4), 32), dict(BLOCK=16, scale=0.5))
 
 
-def test_the_interpreter_launches_through_triton_every_time(fake):
+def test_the_interpreter_launches_through_triton_every_time(fake, monkeypatch):
     fn, launch = fake
-    fn.__class__ = type("InterpretedFake", (FakeJit,), {"__getitem__": lambda self, grid: lambda *a, **k: None})
+    monkeypatch.setattr(launcher, "_interpreting", lambda: True)
+    for _ in range(2):
+        launch((1,), (torch.zeros(4), 32, 0.5), dict(BLOCK=16))
+    assert len(fn.triton_launches) == 2 and launch.kernels == {}
+
+
+def test_another_current_device_goes_through_triton(fake, monkeypatch):
+    fn, launch = fake
     launch((1,), (torch.zeros(4), 32, 0.5), dict(BLOCK=16))
-    assert launch.kernels == {}
+    monkeypatch.setattr(launcher, "_current_device", lambda: 1)
+    launch((1,), (torch.zeros(4), 32, 0.5), dict(BLOCK=16))
+    assert len(fn.triton_launches) == 2
 
 
 def test_tensor_descriptors_are_keyed_by_block_shape_and_strides(fake):

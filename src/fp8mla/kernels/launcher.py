@@ -30,15 +30,23 @@ def _spec(arg):
     return type(arg), arg
 
 
-def _current_stream(device: torch.device) -> int:
+def _interpreting() -> bool:
+    from ..api import interpreter_active
+    return interpreter_active()
+
+
+def _current_device() -> int:
+    return torch.cuda.current_device()   # where Triton launches (not necessarily the tensors' device)
+
+
+def _current_stream(device: int) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
 class CachedLauncher:
     """``launcher(grid, args, constexprs, **options)`` = ``fn[grid](*args, **constexprs, **options)``, the compiled
-    kernel reused for arguments of the same specialization. The kernel's constexpr parameters must come last, in
-    the order of ``constexprs``; ``args`` are the others, positional, and include at least one tensor or tensor
-    descriptor (the launch's device)."""
+    kernel reused for arguments of the same specialization on the same (current) device. The kernel's constexpr
+    parameters must come last, in the order of ``constexprs``; ``args`` are the others, positional."""
 
     def __init__(self, fn):
         self.fn = fn
@@ -47,15 +55,16 @@ class CachedLauncher:
     def __call__(self, grid, args: tuple, constexprs: dict, **options):
         from triton import knobs
 
-        device = next(a.device for a in (getattr(a, "base", a) for a in args) if isinstance(a, torch.Tensor))
+        if _interpreting():  # the interpreter compiles nothing
+            self.fn[grid](*args, **constexprs, **options)
+            return
+        device = _current_device()
         key = (device, tuple(map(_spec, args)), tuple(constexprs.items()), tuple(options.items()))
         kernel = self.kernels.get(key)
         if kernel is None:
             if tuple(self.fn.arg_names[len(args):]) != tuple(constexprs):
                 raise TypeError(f"{self.fn.arg_names} do not end with the constexprs {tuple(constexprs)}")
-            kernel = self.fn[grid](*args, **constexprs, **options)
-            if hasattr(kernel, "run"):  # not the interpreter, which compiles nothing
-                self.kernels[key] = kernel
+            self.kernels[key] = self.fn[grid](*args, **constexprs, **options)
             return
         grid = (*grid, 1, 1)[:3]
         stream = _current_stream(device)
