@@ -40,10 +40,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import formats
 from .constants import (BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
-                        LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE)
+                        LOG2E, METADATA_WIDTH, PAGE_SIZE)
 from .hopper_common import (BLOCK_M, HALF, LEFT, O_GROUP, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM,
-                            advance, dim_bit as _d, load_q, page_of, request_range, seek, split_slot, store_o,
-                            token_bit as _t)
+                            advance, dim_bit as _d, finish_request, load_q, page_of, request_range, seek, split_slot,
+                            store_o, token_bit as _t)
 from .launcher import CachedLauncher
 
 V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
@@ -273,22 +273,12 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                              it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
 
             # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
-            seen = l_i > 0
             if KV_FORMAT == FP8:
                 o_scale = gl.load(descale_k_ptr) / FP8_MAX
             else:
                 o_scale = v_unit / FP8_MAX
-            mbarrier.wait(epi_free, (n_req & 1) ^ 1)
-            norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
-            mbarrier.arrive(epi_ready)
-            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
-            lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
-            row_ok = rows < R
-            if direct:
-                gl.store(lse_ptr + req * R + (rows % H) * S_Q + s_idx, lse, mask=row_ok)
-            else:
-                gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, gl.where(seen, lse, float("-inf")),
-                         mask=row_ok)
+            finish_request(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr, num_splits_ptr,
+                           lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req)
             n_req += 1
 
 

@@ -26,9 +26,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .constants import BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, LN2, METADATA_WIDTH, PAGE_SIZE
+from .constants import BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, METADATA_WIDTH, PAGE_SIZE
 from .hopper_common import (BLOCK_M, HALF, LEFT, O_GROUP, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, advance,
-                            load_q, page_of, request_range, seek, split_slot, store_o)
+                            finish_request, load_q, page_of, request_range, seek, split_slot, store_o)
 from .launcher import CachedLauncher
 
 STAGES = gl.constexpr(2)     # ring slots, a whole page each
@@ -107,18 +107,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                 it += 1
 
             # ---- epilogue: 1/l to the PV warpgroups; lse ----
-            seen = l_i > 0
-            mbarrier.wait(epi_free, (n_req & 1) ^ 1)
-            norm_smem.store(gl.where(seen, 1.0 / l_i, 0.0))
-            mbarrier.arrive(epi_ready)
-            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
-            lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
-            row_ok = rows < R
-            if direct:
-                gl.store(lse_ptr + req * R + (rows % H) * S_Q + s_idx, lse, mask=row_ok)
-            else:
-                gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, gl.where(seen, lse, float("-inf")),
-                         mask=row_ok)
+            finish_request(1.0, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr, num_splits_ptr,
+                           lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req)
             n_req += 1
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from .constants import BEGIN_PAGE, BEGIN_SPLIT, D_LATENT, D_ROPE, END_PAGE, FP8_MAX, PAGE_SIZE
+from .constants import BEGIN_PAGE, BEGIN_SPLIT, D_LATENT, D_ROPE, END_PAGE, FP8_MAX, LN2, PAGE_SIZE
 
 BLOCK_M = gl.constexpr(64)   # query rows per CTA (one wgmma M)
 HALF = gl.constexpr(256)     # output columns per PV warpgroup
@@ -118,6 +118,24 @@ def page_of(block_table_ptr, stride_bt, req, blk, ok):
     """Block-table entry of (req, blk), read only if the cursor is on a page (ok): past its part's end it may point
     one past the table's row, and a table may have no columns at all."""
     return gl.load(block_table_ptr + req * stride_bt + blk, mask=ok, other=0)
+
+
+@gluon.jit
+def finish_request(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr, num_splits_ptr,
+                   lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req):
+    """The softmax warpgroup's end of a request: o_scale / l per row to the PV warpgroups (request n_req's
+    handoff), and the lse to out's lse (a request with one split) or to its partial slot."""
+    seen = l_i > 0
+    mbarrier.wait(epi_free, (n_req & 1) ^ 1)
+    norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
+    mbarrier.arrive(epi_ready)
+    direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+    lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
+    row_ok = rows < R
+    if direct:
+        gl.store(lse_ptr + req * R + (rows % H) * S_Q + rows // H, lse, mask=row_ok)
+    else:
+        gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, gl.where(seen, lse, float("-inf")), mask=row_ok)
 
 
 @gluon.jit
