@@ -41,9 +41,9 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .. import formats
 from .constants import (BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
                         LOG2E, METADATA_WIDTH, PAGE_SIZE)
-from .hopper_common import (BLOCK_M, HALF, LEFT, O_GROUP, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM,
-                            advance, dim_bit as _d, finish_request, load_q, page_of, request_range, seek, split_slot,
-                            store_o, token_bit as _t)
+from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, advance,
+                            dim_bit as _d, key_limits, load_q, online_softmax, page_of, pv_epilogue, request_range,
+                            seek, softmax_epilogue, token_bit as _t)
 from .launcher import CachedLauncher
 
 V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
@@ -142,18 +142,8 @@ def _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale, kv_ready
 def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, pt, sm_scale_log2, p_smem,
                   alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
     """Online softmax of one page's scores; hands P (e4m3) and the row rescale factor to the PV warpgroups.
-
-    Scores and m stay unscaled (softmax_scale > 0, checked by the API): the scale goes into the exp2's FFMA.
-    Returns the new (m, l, V unit). Base 2; a row that has seen no key yet keeps m = -inf and p = 0.
-    """
-    if (blk + 1) * PAGE_SIZE > min_key_limit:  # only pages with keys that some row must not see pay for the mask
-        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(0, S_FP8))
-        sc = gl.where(tok[None, :] < key_limit[:, None], sc, float("-inf"))  # also drops NaN slots past the end
-    m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2)[:, None])
-    alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    Returns the new (m, l, V unit)."""
+    p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2)
     # P times each token's V scale, in units of the page's largest scale, so e4m3 keeps its whole range
     if KV_FORMAT == FP8_ROPE_BF16:
         page_unit = gl.maximum(gl.max(k_scale, axis=0), 1e-30)
@@ -209,12 +199,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
         if lo < hi:
             q_scale = gl.convert_layout(
                 load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8), row_l)
-            if CAUSAL:  # query token s sees keys [0, seqlen - (S_Q - 1 - s))
-                key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
-                min_key_limit = seqlen - (S_Q - 1)
-            else:
-                key_limit = gl.zeros([BLOCK_M], gl.int32, row_l) + seqlen
-                min_key_limit = seqlen
+            key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_i = gl.zeros([BLOCK_M], gl.float32, row_l)
             v_unit = gl.to_tensor(1.0)  # the V scale O is expressed in (page-local for fp8_rope_bf16)
@@ -277,8 +262,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 o_scale = gl.load(descale_k_ptr) / FP8_MAX
             else:
                 o_scale = v_unit / FP8_MAX
-            finish_request(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr, num_splits_ptr,
-                           lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req)
+            softmax_epilogue(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr,
+                             num_splits_ptr, lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req)
             n_req += 1
 
 
@@ -340,14 +325,8 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
             mbarrier.arrive(p_free.index((it - 1) % 2))
 
             # ---- epilogue: O * norm -> out (a request with one split) or its partial slot ----
-            mbarrier.wait(epi_ready, n_req & 1)
-            norm = norm_smem.load(gl.SliceLayout(1, O_GROUP))   # O's rows, held as O_ACC holds them
-            mbarrier.arrive(epi_free)
-            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
-            rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
-            store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
-                    o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R,
-                    True)
+            pv_epilogue(o, req, begin_req, R, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, norm_smem, epi_ready,
+                        epi_free, n_req, WG, True)
             n_req += 1
 
 

@@ -27,8 +27,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .constants import BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, METADATA_WIDTH, PAGE_SIZE
-from .hopper_common import (BLOCK_M, HALF, LEFT, O_GROUP, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, advance,
-                            finish_request, load_q, page_of, request_range, seek, split_slot, store_o)
+from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, advance, key_limits,
+                            load_q, online_softmax, page_of, pv_epilogue, request_range, seek, softmax_epilogue)
 from .launcher import CachedLauncher
 
 STAGES = gl.constexpr(2)     # ring slots, a whole page each
@@ -52,16 +52,9 @@ def _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, page, slo
 @gluon.jit
 def _softmax_page(sc, blk, key_limit, min_key_limit, m_i, l_i, it, sm_scale_log2, p_smem, alpha_smem, p_ready,
                   p_free):
-    """Online softmax of one page's scores (unscaled, base 2, as in hopper.py); P (bf16) and the row rescale
-    factor to the PV warpgroups. Returns the new (m, l)."""
-    if (blk + 1) * PAGE_SIZE > min_key_limit:
-        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(0, S_BF16))
-        sc = gl.where(tok[None, :] < key_limit[:, None], sc, float("-inf"))  # also drops NaN slots past the end
-    m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2)[:, None])
-    alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
-    l_i = l_i * alpha + gl.sum(p, axis=1)
+    """Online softmax of one page's scores; hands P (bf16) and the row rescale factor to the PV warpgroups.
+    Returns the new (m, l)."""
+    p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2)
     mbarrier.wait(p_free, (it & 1) ^ 1)
     p_smem.store(p.to(gl.bfloat16))
     alpha_smem.store(alpha)
@@ -86,12 +79,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
         seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, True)  # bf16 as it is
-            if CAUSAL:  # query token s sees keys [0, seqlen - (S_Q - 1 - s))
-                key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
-                min_key_limit = seqlen - (S_Q - 1)
-            else:
-                key_limit = gl.zeros([BLOCK_M], gl.int32, row_l) + seqlen
-                min_key_limit = seqlen
+            key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_i = gl.zeros([BLOCK_M], gl.float32, row_l)
             for blk in range(lo, hi):
@@ -107,8 +95,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                 it += 1
 
             # ---- epilogue: 1/l to the PV warpgroups; lse ----
-            finish_request(1.0, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr, num_splits_ptr,
-                           lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req)
+            softmax_epilogue(1.0, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr, num_splits_ptr,
+                             lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req)
             n_req += 1
 
 
@@ -172,14 +160,8 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
                         load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
 
             # ---- epilogue: O * norm -> out (a request with one split) or its partial slot ----
-            mbarrier.wait(epi_ready, n_req & 1)
-            norm = norm_smem.load(gl.SliceLayout(1, O_GROUP))
-            mbarrier.arrive(epi_free)
-            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
-            rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
-            store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
-                    o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R,
-                    False)
+            pv_epilogue(o, req, begin_req, R, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, norm_smem, epi_ready,
+                        epi_free, n_req, WG, False)
             n_req += 1
 
 

@@ -121,10 +121,42 @@ def page_of(block_table_ptr, stride_bt, req, blk, ok):
 
 
 @gluon.jit
-def finish_request(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr, num_splits_ptr,
-                   lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req):
+def online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2):
+    """One page of online softmax over scores sc [rows, 64 tokens] of page blk: (p, alpha, new m, new l).
+
+    Scores and m stay unscaled (softmax_scale > 0, checked by the API): the scale goes into the exp2's FFMA. Base
+    2; a row that has seen no key yet keeps m = -inf and p = 0. Only pages with keys that some row must not see
+    pay for the mask, which also drops NaN slots past the sequence's end.
+    """
+    if (blk + 1) * PAGE_SIZE > min_key_limit:
+        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(0, sc.type.layout))
+        sc = gl.where(tok[None, :] < key_limit[:, None], sc, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(sc, axis=1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2)[:, None])
+    alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
+
+
+@gluon.jit
+def key_limits(seqlen, s_idx, S_Q, CAUSAL: gl.constexpr):
+    """(each query row's key limit, the smallest of them): causal query token s (s_idx) sees keys
+    [0, seqlen - (S_Q - 1 - s)), bottom-right aligned; without CAUSAL every row sees [0, seqlen)."""
+    if CAUSAL:
+        key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
+        min_key_limit = seqlen - (S_Q - 1)
+    else:
+        key_limit = gl.zeros_like(s_idx) + seqlen
+        min_key_limit = seqlen
+    return key_limit, min_key_limit
+
+
+@gluon.jit
+def softmax_epilogue(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr, num_splits_ptr,
+                     lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req):
     """The softmax warpgroup's end of a request: o_scale / l per row to the PV warpgroups (request n_req's
-    handoff), and the lse to out's lse (a request with one split) or to its partial slot."""
+    handoff; pv_epilogue takes it), and the lse to the output's lse (a request with one split) or to its partial
+    slot."""
     seen = l_i > 0
     mbarrier.wait(epi_free, (n_req & 1) ^ 1)
     norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
@@ -136,6 +168,20 @@ def finish_request(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_
         gl.store(lse_ptr + req * R + (rows % H) * S_Q + rows // H, lse, mask=row_ok)
     else:
         gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, gl.where(seen, lse, float("-inf")), mask=row_ok)
+
+
+@gluon.jit
+def pv_epilogue(o, req, begin_req, R, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, norm_smem, epi_ready, epi_free,
+                n_req, WG: gl.constexpr, VT_ORDER: gl.constexpr):
+    """A PV warpgroup's end of a request: its [64, 256] O times the softmax warpgroup's norm, to out (a request
+    with one split) or to its partial slot (see store_o)."""
+    mbarrier.wait(epi_ready, n_req & 1)
+    norm = norm_smem.load(gl.SliceLayout(1, O_GROUP))   # O's rows, held as the accumulator holds them
+    mbarrier.arrive(epi_free)
+    direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
+    store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
+            o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R, VT_ORDER)
 
 
 @gluon.jit
