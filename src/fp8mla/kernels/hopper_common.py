@@ -122,14 +122,16 @@ def page_of(block_table_ptr, stride_bt, req, blk, ok):
 
 @gluon.jit
 def online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2):
-    """One page of online softmax over scores sc [rows, 64 tokens] of page blk: (p, alpha, new m, new l).
+    """One step of online softmax over scores sc [rows, n tokens] of the keys [n blk, n (blk + 1)) (a page, or a
+    part of pages): (p, alpha, new m, new l).
 
     Scores and m stay unscaled (softmax_scale > 0, checked by the API): the scale goes into the exp2's FFMA. Base
-    2; a row that has seen no key yet keeps m = -inf and p = 0. Only pages with keys that some row must not see
+    2; a row that has seen no key yet keeps m = -inf and p = 0. Only steps with keys that some row must not see
     pay for the mask, which also drops NaN slots past the sequence's end.
     """
-    if (blk + 1) * PAGE_SIZE > min_key_limit:
-        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(0, sc.type.layout))
+    N: gl.constexpr = sc.shape[1]
+    if (blk + 1) * N > min_key_limit:
+        tok = blk * N + gl.arange(0, N, gl.SliceLayout(0, sc.type.layout))
         sc = gl.where(tok[None, :] < key_limit[:, None], sc, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(sc, axis=1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
