@@ -51,7 +51,7 @@ class Part:
         self.events, self.slots, self.loaded = [], [None] * STAGES, []
         self.seen = {"softmax": [], "left": [], "right": []}
 
-    # ---- hopper_common.request_range, seek, advance ----
+    # ---- hopper_common.request_range, _seek, advance ----
     def range_of(self, req):
         if req > self.end_req:  # an empty part: no pages (the kernel does not read seqlens)
             return 0, 0

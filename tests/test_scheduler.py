@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from fp8mla import get_mla_metadata
-from fp8mla.scheduler import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, COMBINE_ROWS, END_PAGE, END_REQ, FIXED_COST,
+from fp8mla.scheduler import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, COMBINE_ROWS_PER_PAGE, END_PAGE, END_REQ, FIXED_COST,
                               num_sm_parts)
 
 
@@ -47,7 +47,7 @@ def test_every_page_exactly_once_and_balanced(seed):
         cost[p] += FIXED_COST * len({req for q, req, *_ in visits if q == p})
     total = sum(pages) + FIXED_COST * sum(1 for n in pages if n)
     if total >= parts:  # equal pieces, or one request per part when that is no slower than them plus the combine
-        assert max(cost) <= total / parts + max(2 * FIXED_COST, -(-64 // COMBINE_ROWS)) + 1
+        assert max(cost) <= total / parts + max(2 * FIXED_COST, -(-64 // COMBINE_ROWS_PER_PAGE)) + 1
 
 
 def test_fewer_pages_than_parts_leaves_empty_parts_last():

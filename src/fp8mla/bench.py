@@ -302,8 +302,12 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
     for m in methods:
         if m.unavailable:
             progress(f"{m.label}: {m.unavailable}")
-    timer = None if args.accuracy else (gpu_timer(args.warmup, args.rep, args.timer == "graph") if device.type == "cuda"
-                                        else cpu_time)
+    if args.accuracy:
+        timer = None
+    elif device.type == "cuda":
+        timer = gpu_timer(args.warmup, args.rep, graph=args.timer == "graph")
+    else:
+        timer = cpu_time
     suite = "accuracy" if args.accuracy else "speed"
     rows = run_suite(configs, methods, device, timer, args.seed, progress, suite)
     print(write_report(rows, suite, device, command, args.out, progress), end="")

@@ -1,14 +1,13 @@
 """Split-KV scheduler: spreads a batch's KV pages evenly over the SMs.
 
-All requests' pages are laid end to end on one timeline, each request followed by ``FIXED_COST`` virtual pages
-that stand for its per-split overhead (loading q, writing a partial result). The timeline is cut into
-``num_parts`` equal pieces; a piece that starts or ends inside a request splits it. A split request costs the
-combine step its partial results' round trip through memory, so when the batch has no more requests than parts
-and one request per part is not slower than the equal pieces plus that cost (``COMBINE_ROWS`` query rows
-merged per page of time), each request gets a part of its own and nothing is split (a batch of equal lengths,
-the common case, costs one part 2-3% more pages and saves the combine's traffic). Everything is computed with
-tensor ops on the device of ``cache_seqlens``, with static output shapes and no host synchronisation, so it can
-be captured in a CUDA graph.
+All requests' pages are laid end to end on one timeline, each request followed by ``FIXED_COST`` virtual pages that
+stand for its per-split overhead (loading q, writing a partial result). The timeline is cut into ``num_parts`` equal
+pieces; a piece that starts or ends inside a request splits it. A split request costs the combine step its partial
+results' round trip through memory, so when the batch has no more requests than parts and one request per part is
+not slower than the equal pieces plus that cost (``COMBINE_ROWS_PER_PAGE`` query rows merged per page of time), each
+request gets a part of its own and nothing is split (a batch of equal lengths, the common case, costs one part 2-3%
+more pages and saves the combine's traffic). Everything is computed with tensor ops on the device of
+``cache_seqlens``, with static output shapes and no host synchronisation, so it can be captured in a CUDA graph.
 
 ``tile_scheduler_metadata`` is ``[num_parts, METADATA_WIDTH]`` int32; part ``p`` covers, in order, the pages
 
@@ -31,7 +30,7 @@ from .formats import PAGE_SIZE
 METADATA_WIDTH = 8
 BEGIN_REQ, BEGIN_PAGE, END_REQ, END_PAGE, BEGIN_SPLIT = range(5)
 FIXED_COST = 2        # a split's overhead, in pages
-COMBINE_ROWS = 16     # the combine step merges the partial results of this many query rows in about a page's time
+COMBINE_ROWS_PER_PAGE = 16  # query rows whose partial results the combine step merges in about a page's time
 ROWS_PER_BLOCK = 64   # query rows one program handles (num_parts keeps all row blocks inside one wave)
 DEFAULT_CPU_SMS = 4   # "SM" count used when scheduling for the Triton interpreter
 
@@ -123,7 +122,7 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
         whole_splits = torch.zeros_like(num_splits)
         whole_splits[1:] = torch.cumsum((pages > 0).to(torch.int64), 0)
         any_split = (splits > 1).any()
-        combine = -(-num_q_tokens_per_head_k // COMBINE_ROWS)
+        combine = -(-num_q_tokens_per_head_k // COMBINE_ROWS_PER_PAGE)
         pieces_cost = -(-total // parts) + torch.where(any_split, combine, 0)
         take_whole = cost.max() <= pieces_cost
         meta = torch.where(take_whole, whole, meta)

@@ -39,11 +39,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import formats
-from .constants import (BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
+from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
                         LOG2E, METADATA_WIDTH, PAGE_SIZE)
 from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, advance,
-                            dim_bit as _d, key_limits, load_q, online_softmax, page_of, pv_epilogue, request_range,
-                            seek, softmax_epilogue, token_bit as _t)
+                            dim_bit as _d, key_limits, load_cursor_start, load_cursor_step, load_q, online_softmax,
+                            part_start, pv_epilogue, request_range, softmax_epilogue, token_bit as _t)
 from .launcher import CachedLauncher
 
 V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
@@ -178,20 +178,18 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             sm_scale_log2 = sm_scale_log2 * gl.load(descale_q_ptr)
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
-    # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries; the block-table entry
-    # of its next page is read one load ahead, so the load's latency hides behind a page of work
-    load_req, load_blk, load_ok, load_len, load_hi = seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
-                                                          gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
-    load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+    # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries
+    load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_start(
+        meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req)
     loaded = 0
     for i in gl.static_range(STAGES):
         if load_ok:
             _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty, load_page,
                        loaded, KV_FORMAT)
             loaded += 1
-            load_req, load_blk, load_ok, load_len, load_hi = advance(meta_ptr, seqlens_ptr, max_pages, load_req,
-                                                                     load_blk, load_len, load_hi, begin_req, end_req)
-            load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+            load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+                meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
+                load_hi, begin_req, end_req)
     it = 0       # pages consumed (KV ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
     for req in range(begin_req, end_req + 1):
@@ -251,9 +249,9 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                     _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
                                load_page, loaded, KV_FORMAT)
                     loaded += 1
-                    load_req, load_blk, load_ok, load_len, load_hi = advance(
-                        meta_ptr, seqlens_ptr, max_pages, load_req, load_blk, load_len, load_hi, begin_req, end_req)
-                    load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+                    load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+                        meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
+                        load_hi, begin_req, end_req)
             m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, key_limit, min_key_limit, m_i, l_i, v_unit,
                                              it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
 
@@ -295,8 +293,7 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
     R = H * S_Q
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
-    t_req, t_blk, t_ok, t_len, t_hi = seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
-                                           gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
+    t_req, t_blk, t_ok, t_len, t_hi = part_start(meta_ptr, seqlens_ptr, max_pages, begin_req, end_req)
     if t_ok:
         _transpose_page(k_lat, vt, kv_ready, kv_empty, 0, t_len - t_blk * PAGE_SIZE, WG)
         t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len, t_hi,
@@ -432,12 +429,12 @@ def supports(q: torch.Tensor, kv_format: str) -> bool:
 
 def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
                   descale_q, descale_k, softmax_scale, causal):
-    b, s_q, h_q, _ = q.shape
+    _, s_q, h_q, _ = q.shape
     lat_desc, rope_desc, scale_desc = _cache_descriptors(k_cache, kv_format)
     if kv_format == "bf16":
         from .hopper_bf16 import launch_hopper_bf16
         return launch_hopper_bf16(q, lat_desc, rope_desc, block_table, cache_seqlens, meta, num_splits, out, lse,
-                                  o_part, lse_part, softmax_scale, causal, LOG2E.value)
+                                  o_part, lse_part, softmax_scale, causal)
     grid = (meta.shape[0], -(-(s_q * h_q) // BLOCK_M))
     dummy = cache_seqlens  # never read: placeholders for absent scales
     _launch(grid, (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,

@@ -26,9 +26,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .constants import BEGIN_PAGE, BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, METADATA_WIDTH, PAGE_SIZE
-from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, advance, key_limits,
-                            load_q, online_softmax, page_of, pv_epilogue, request_range, seek, softmax_epilogue)
+from .constants import BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, LOG2E, METADATA_WIDTH, PAGE_SIZE
+from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, key_limits,
+                            load_cursor_start, load_cursor_step, load_q, online_softmax, pv_epilogue, request_range,
+                            softmax_epilogue)
 from .launcher import CachedLauncher
 
 STAGES = gl.constexpr(2)     # ring slots, a whole page each
@@ -120,17 +121,16 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     if WG == LEFT:  # the TMA cursor runs STAGES pages ahead, across requests (see hopper.py)
-        load_req, load_blk, load_ok, load_len, load_hi = seek(meta_ptr, seqlens_ptr, max_pages, begin_req,
-                                                              gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
-        load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+        load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_start(
+            meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req)
         loaded = 0
         for i in gl.static_range(STAGES):
             if load_ok:
                 _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
                 loaded += 1
-                load_req, load_blk, load_ok, load_len, load_hi = advance(
-                    meta_ptr, seqlens_ptr, max_pages, load_req, load_blk, load_len, load_hi, begin_req, end_req)
-                load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+                load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+                    meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
+                    load_hi, begin_req, end_req)
     it = 0
     n_req = 0
     for req in range(begin_req, end_req + 1):
@@ -154,10 +154,9 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
                     if load_ok:  # the slot's next page: waits for the right warpgroup's P.V of this one
                         _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
                         loaded += 1
-                        load_req, load_blk, load_ok, load_len, load_hi = advance(
-                            meta_ptr, seqlens_ptr, max_pages, load_req, load_blk, load_len, load_hi, begin_req,
-                            end_req)
-                        load_page = page_of(block_table_ptr, stride_bt, load_req, load_blk, load_ok)
+                        load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+                            meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
+                            load_hi, begin_req, end_req)
 
             # ---- epilogue: O * norm -> out (a request with one split) or its partial slot ----
             pv_epilogue(o, req, begin_req, R, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, norm_smem, epi_ready,
@@ -210,10 +209,10 @@ _launch = CachedLauncher(mla_decode_hopper_bf16_kernel)
 
 
 def launch_hopper_bf16(q, lat_desc, rope_desc, block_table, cache_seqlens, meta, num_splits, out, lse, o_part,
-                       lse_part, softmax_scale, causal, log2e):
-    b, s_q, h_q, _ = q.shape
+                       lse_part, softmax_scale, causal):
+    _, s_q, h_q, _ = q.shape
     grid = (meta.shape[0], -(-(s_q * h_q) // BLOCK_M))
     _launch(grid, (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, block_table, block_table.stride(0),
                    block_table.shape[1], cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
-                   softmax_scale * log2e, h_q, s_q),
+                   softmax_scale * LOG2E.value, h_q, s_q),
             dict(CAUSAL=causal), num_warps=4)

@@ -1,6 +1,7 @@
 """What the two Hopper kernels (hopper.py: FP8 caches, hopper_bf16.py: bf16) share: the shapes of their three
-warpgroups' work, the page cursor that walks a part of the split-KV schedule, q into shared memory, and O out of
-the PV warpgroups."""
+warpgroups' work, the page cursors that walk a part of the split-KV schedule (the TMA issuer's reads each
+block-table entry one load ahead), q into shared memory, the online softmax, and both warpgroups' ends of a
+request (lse, and O out of the PV warpgroups)."""
 from __future__ import annotations
 
 from triton.experimental import gluon
@@ -82,7 +83,7 @@ def request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req):
 
 
 @gluon.jit
-def split_slot(meta_ptr, num_splits_ptr, req, begin_req):
+def _split_slot(meta_ptr, num_splits_ptr, req, begin_req):
     """(True if the request has a single split, its partial-result slot)."""
     split0 = gl.load(num_splits_ptr + req)
     direct = gl.load(num_splits_ptr + req + 1) - split0 == 1
@@ -91,7 +92,7 @@ def split_slot(meta_ptr, num_splits_ptr, req, begin_req):
 
 
 @gluon.jit
-def seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req):
+def _seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req):
     """The first page of the part at or after (req, blk), requests past their last page skipped:
     (req, blk, whether there is one, the request's seqlen, its end page)."""
     seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
@@ -104,20 +105,43 @@ def seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req):
 
 @gluon.jit
 def advance(meta_ptr, seqlens_ptr, max_pages, req, blk, seqlen, hi, begin_req, end_req):
-    """The page after (req, blk), as seek returns it; reads metadata only when the request ends, so a
+    """The page after (req, blk), as _seek returns it; reads metadata only when the request ends, so a
     cursor's step costs no global-memory round trip."""
     blk += 1
     ok = blk < hi
     if blk >= hi:
-        req, blk, ok, seqlen, hi = seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req)
+        req, blk, ok, seqlen, hi = _seek(meta_ptr, seqlens_ptr, max_pages, req, blk, begin_req, end_req)
     return req, blk, ok, seqlen, hi
 
 
 @gluon.jit
-def page_of(block_table_ptr, stride_bt, req, blk, ok):
+def _page_of(block_table_ptr, stride_bt, req, blk, ok):
     """Block-table entry of (req, blk), read only if the cursor is on a page (ok): past its part's end it may point
     one past the table's row, and a table may have no columns at all."""
     return gl.load(block_table_ptr + req * stride_bt + blk, mask=ok, other=0)
+
+
+@gluon.jit
+def part_start(meta_ptr, seqlens_ptr, max_pages, begin_req, end_req):
+    """The part's first page, as _seek returns it."""
+    return _seek(meta_ptr, seqlens_ptr, max_pages, begin_req, gl.load(meta_ptr + BEGIN_PAGE), begin_req, end_req)
+
+
+@gluon.jit
+def load_cursor_start(meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req):
+    """The TMA cursor on the part's first page: part_start's (req, blk, ok, seqlen, hi) and that page's
+    block-table entry. The cursor reads each entry one load ahead, so that read's latency hides behind a page of
+    work."""
+    req, blk, ok, seqlen, hi = part_start(meta_ptr, seqlens_ptr, max_pages, begin_req, end_req)
+    return req, blk, ok, seqlen, hi, _page_of(block_table_ptr, stride_bt, req, blk, ok)
+
+
+@gluon.jit
+def load_cursor_step(meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, req, blk, seqlen, hi, begin_req,
+                     end_req):
+    """The TMA cursor on the next page (advance), with that page's block-table entry."""
+    req, blk, ok, seqlen, hi = advance(meta_ptr, seqlens_ptr, max_pages, req, blk, seqlen, hi, begin_req, end_req)
+    return req, blk, ok, seqlen, hi, _page_of(block_table_ptr, stride_bt, req, blk, ok)
 
 
 @gluon.jit
@@ -163,7 +187,7 @@ def softmax_epilogue(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scal
     mbarrier.wait(epi_free, (n_req & 1) ^ 1)
     norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
     mbarrier.arrive(epi_ready)
-    direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+    direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
     lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
     row_ok = rows < R
     if direct:
@@ -176,18 +200,18 @@ def softmax_epilogue(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scal
 def pv_epilogue(o, req, begin_req, R, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, norm_smem, epi_ready, epi_free,
                 n_req, WG: gl.constexpr, VT_ORDER: gl.constexpr):
     """A PV warpgroup's end of a request: its [64, 256] O times the softmax warpgroup's norm, to out (a request
-    with one split) or to its partial slot (see store_o)."""
+    with one split) or to its partial slot (see _store_o)."""
     mbarrier.wait(epi_ready, n_req & 1)
     norm = norm_smem.load(gl.SliceLayout(1, O_GROUP))   # O's rows, held as the accumulator holds them
     mbarrier.arrive(epi_free)
-    direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+    direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
-    store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
-            o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R, VT_ORDER)
+    _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
+             o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R, VT_ORDER)
 
 
 @gluon.jit
-def store_o(out_row, part_row, direct, o, norm, ok, VT_ORDER: gl.constexpr):
+def _store_o(out_row, part_row, direct, o, norm, ok, VT_ORDER: gl.constexpr):
     """This warpgroup's [64, 256] O times norm (per row): to out (bf16) if direct, else to its partial slot (fp32),
     at X_row[row] + dim. One 32-column group a (column 32a + n) at a time, so few registers are in flight.
     VT_ORDER: O's columns are in V^T's permuted dim order (see _store_group)."""

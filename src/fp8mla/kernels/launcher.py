@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ..api import interpreter_active
+
 
 def _spec(arg):
     """What Triton may specialize a kernel argument on (or more)."""
@@ -31,7 +33,6 @@ def _spec(arg):
 
 
 def _interpreting() -> bool:
-    from ..api import interpreter_active
     return interpreter_active()
 
 

@@ -38,6 +38,20 @@ class SassReport:
 TYPICAL_DIVISIBLE = ("stride_qb", "stride_qs", "stride_qh", "H")
 
 
+# the decode kernels' parameters of one type whatever the kernel
+DECODE_TYPES = {"stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32", "block_table_ptr": "*i32",
+                "stride_bt": "i32", "max_pages": "i32", "seqlens_ptr": "*i32", "meta_ptr": "*i32",
+                "num_splits_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "o_part_ptr": "*fp32",
+                "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32", "descale_k_ptr": "*fp32", "sm_scale_log2": "fp32",
+                "H": "i32", "S_Q": "i32"}
+
+
+def decode_signature(fn, **types) -> dict:
+    """A decode kernel's signature for triton.compile, in its parameter order: ``types`` (q, cache or descriptors),
+    then DECODE_TYPES; the remaining parameters are constexprs."""
+    return {name: types.get(name, DECODE_TYPES.get(name, "constexpr")) for name in fn.arg_names}
+
+
 def compile_sm90(fn, signature: dict, constexprs: dict, gluon: bool = False, divisible=(), **options):
     """``triton.compile`` for sm_90a; ``fn`` is a @triton.jit / @gluon.jit function."""
     from ..api import interpreter_active
@@ -81,22 +95,15 @@ def portable_reports() -> list[SassReport]:
     from . import combine, portable
 
     reports = []
-    q_types = {"bf16": "*bf16", "fp8": "*bf16", "fp8_rope_bf16": "*bf16"}
     kv_types = {"bf16": "*bf16", "fp8": "*fp8e4nv", "fp8_rope_bf16": "*u8"}
     for fmt, code in portable.FORMAT_CODE.items():
-        sig = {"q_ptr": q_types[fmt], "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
-               "kv_ptr": kv_types[fmt], "block_table_ptr": "*i32", "stride_bt": "i32", "max_pages": "i32",
-               "seqlens_ptr": "*i32", "meta_ptr": "*i32", "num_splits_ptr": "*i32", "out_ptr": "*bf16",
-               "lse_ptr": "*fp32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32",
-               "descale_k_ptr": "*fp32", "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32",
-               "KV_FORMAT": "constexpr", "Q_FP8": "constexpr", "CAUSAL": "constexpr", "BLOCK_M": "constexpr"}
+        sig = decode_signature(portable.mla_decode_split_kernel, q_ptr="*bf16", kv_ptr=kv_types[fmt])
         k = compile_sm90(portable.mla_decode_split_kernel, sig,
                          dict(KV_FORMAT=code, Q_FP8=False, CAUSAL=True, BLOCK_M=64), divisible=TYPICAL_DIVISIBLE,
                          num_warps=8, num_stages=1)
         reports.append(sass_report(k, f"portable[{fmt}]"))
-    sig = {"out_ptr": "*bf16", "lse_ptr": "*fp32", "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32",
-           "num_splits_ptr": "*i32", "H": "i32", "S_Q": "i32", "BLOCK_ROWS": "constexpr"}
-    k = compile_sm90(combine.mla_combine_kernel, sig, dict(BLOCK_ROWS=combine.COMBINE_ROWS), num_warps=4)
+    k = compile_sm90(combine.mla_combine_kernel, decode_signature(combine.mla_combine_kernel),
+                     dict(BLOCK_ROWS=combine.COMBINE_ROWS), num_warps=4)
     reports.append(sass_report(k, "combine"))
     return reports
 
@@ -106,29 +113,21 @@ def hopper_reports() -> list[SassReport]:
     from . import hopper, hopper_bf16
     from .constants import FORMAT_CODE
 
-    sig = {"q_ptr": "*bf16", "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
-           "lat_desc": f"tensordesc<bf16[64, 512],{hopper_bf16.LAT_BF16_SMEM.value!r}>",
-           "rope_desc": f"tensordesc<bf16[64, 64],{hopper.ROPE_BF16_SMEM.value!r}>",
-           "block_table_ptr": "*i32", "stride_bt": "i32", "max_pages": "i32", "seqlens_ptr": "*i32",
-           "meta_ptr": "*i32", "num_splits_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
-           "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32",
-           "CAUSAL": "constexpr"}
+    sig = decode_signature(hopper_bf16.mla_decode_hopper_bf16_kernel, q_ptr="*bf16",
+                           lat_desc=f"tensordesc<bf16[64, 512],{hopper_bf16.LAT_BF16_SMEM.value!r}>",
+                           rope_desc=f"tensordesc<bf16[64, 64],{hopper.ROPE_BF16_SMEM.value!r}>")
     k = compile_sm90(hopper_bf16.mla_decode_hopper_bf16_kernel, sig, dict(CAUSAL=True), gluon=True,
                      divisible=TYPICAL_DIVISIBLE, num_warps=4)
     reports = [sass_report(k, "hopper[bf16]")]
     rope = {"fp8_rope_bf16": ("bf16", hopper.ROPE_BF16_SMEM), "fp8": ("fp8e4nv", hopper.ROPE_FP8_SMEM)}
     for fmt, q_fp8 in [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)]:
         rope_type, rope_layout = rope[fmt]
-        sig = {"q_ptr": "*fp8e4nv" if q_fp8 else "*bf16", "stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32",
-               "lat_desc": f"tensordesc<fp8e4nv[64, 512],{hopper.LAT_SMEM.value!r}>",
-               "rope_desc": f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>",
-               "scale_desc": (f"tensordesc<fp32[64, {hopper.SCALE_COLS.value}],{hopper.SCALE_SMEM.value!r}>"
-                              if fmt == "fp8_rope_bf16" else f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>"),
-               "block_table_ptr": "*i32", "stride_bt": "i32", "max_pages": "i32", "seqlens_ptr": "*i32",
-               "meta_ptr": "*i32", "num_splits_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
-               "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32", "descale_k_ptr": "*fp32",
-               "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32", "KV_FORMAT": "constexpr", "Q_FP8": "constexpr",
-               "CAUSAL": "constexpr"}
+        rope_desc = f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>"
+        sig = decode_signature(hopper.mla_decode_hopper_kernel, q_ptr="*fp8e4nv" if q_fp8 else "*bf16",
+                               lat_desc=f"tensordesc<fp8e4nv[64, 512],{hopper.LAT_SMEM.value!r}>",
+                               rope_desc=rope_desc,
+                               scale_desc=(f"tensordesc<fp32[64, {hopper.SCALE_COLS.value}],"
+                                           f"{hopper.SCALE_SMEM.value!r}>" if fmt == "fp8_rope_bf16" else rope_desc))
         k = compile_sm90(hopper.mla_decode_hopper_kernel, sig,
                          dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True), gluon=True,
                          divisible=TYPICAL_DIVISIBLE, num_warps=4)
