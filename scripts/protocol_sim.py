@@ -19,7 +19,7 @@ import torch
 import fp8mla
 from fp8mla.scheduler import BEGIN_PAGE, BEGIN_REQ, END_PAGE, END_REQ
 
-STAGES = 2  # KV ring slots, as hopper.STAGES
+STAGES = 2  # KV ring slots, as hopper.STAGES (--stages 3: hopper_small.STAGES)
 
 
 class Barrier:
@@ -45,7 +45,7 @@ class Part:
         self.begin_req, self.begin_page, self.end_req, self.end_page = meta
         self.pages = [(int(n) + 63) // 64 for n in seqlens]
         self.max_pages, self.producer, self.p_in_registers = max_pages, producer, p_in_registers
-        self.bar = dict(kv_ready=[Barrier(1), Barrier(1)], kv_empty=[Barrier(3), Barrier(3)],
+        self.bar = dict(kv_ready=[Barrier(1) for _ in range(STAGES)], kv_empty=[Barrier(3) for _ in range(STAGES)],
                         p_ready=[Barrier(1), Barrier(1)], p_free=[Barrier(2), Barrier(2)],
                         epi_ready=Barrier(1), epi_free=Barrier(2))
         self.events, self.slots, self.loaded = [], [None] * STAGES, []
@@ -181,9 +181,12 @@ class Part:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--producer", choices=["softmax", "pv"], default="softmax")
+    parser.add_argument("--stages", type=int, default=2, help="KV ring slots of the FP8 kernel modelled")
     parser.add_argument("--p-in-registers", action="store_true")
     parser.add_argument("--trials", type=int, default=300)
     args = parser.parse_args()
+    global STAGES
+    STAGES = args.stages
     random.seed(0)
     g = torch.Generator().manual_seed(0)
     failed = total = 0

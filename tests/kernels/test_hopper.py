@@ -21,11 +21,22 @@ def hopper_sass():
 
 
 FP8_VARIANTS = ["hopper[fp8_rope_bf16]", "hopper[fp8]", "hopper[fp8, fp8 q]"]
+SMALL_VARIANTS = [v.replace("hopper[", "hopper_small[") for v in FP8_VARIANTS]
 VARIANTS = ["hopper[bf16]"] + FP8_VARIANTS
 
 
 def test_sass_variants_cover_the_supported_formats(hopper_sass):
-    assert set(hopper_sass) == set(VARIANTS) and all(f"hopper[{f}]" in VARIANTS for f in SUPPORTED_FORMATS)
+    assert set(hopper_sass) == set(VARIANTS + SMALL_VARIANTS)
+    assert all(f"hopper[{f}]" in VARIANTS for f in SUPPORTED_FORMATS)
+
+
+@pytest.mark.parametrize("variant", SMALL_VARIANTS)
+def test_sass_small_rows_kernel_has_fp8_wgmma_and_no_local_memory(hopper_sass, variant):
+    r = hopper_sass[variant]
+    # S^T: 16 x k32 (64 tokens x 16 rows); O^T: 4 M-blocks x 2 k32 per PV warpgroup
+    assert r["QGMMA"] >= 16 + 2 * 4 * 2, r
+    assert r["UTMALDG"] > 0
+    assert (r["stack"], r["LDL"], r["STL"]) == (0, 0, 0), r
 
 
 def test_sass_bf16_has_bf16_wgmma_and_tma(hopper_sass):
@@ -66,8 +77,10 @@ def test_sass_has_no_local_memory(hopper_sass, variant):
     assert (r["stack"], r["LDL"], r["STL"]) == (0, 0, 0), r
 
 
-CASES = [  # b, s_q, h_q, seqlens, causal
+CASES = [  # b, s_q, h_q, seqlens, causal (s_q * h_q <= 32: the small-rows kernel for the FP8 formats)
     (3, 1, 16, [200, 0, 77], False),
+    (2, 2, 16, [300, 1000], True),
+    (3, 3, 8, [65, 129, 0], True),
     (2, 2, 64, [1000, 64], True),
     (2, 2, 32, [1, 257], True),
     (2, 1, 128, [4097, 3000], False),

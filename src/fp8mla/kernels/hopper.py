@@ -125,8 +125,9 @@ def _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale, kv_ready
                KV_FORMAT: gl.constexpr):
     """TMA cache page `page` into ring slot `slot` (ring position `slot`; waits until the slot's last page is
     released)."""
-    s = slot % STAGES
-    mbarrier.wait(kv_empty.index(s), ((slot // STAGES) & 1) ^ 1)
+    RING: gl.constexpr = k_lat.shape[0]
+    s = slot % RING
+    mbarrier.wait(kv_empty.index(s), ((slot // RING) & 1) ^ 1)
     row = page * PAGE_SIZE
     page_bytes: gl.constexpr = lat_desc.block_type.nbytes + rope_desc.block_type.nbytes
     if KV_FORMAT == FP8_ROPE_BF16:
@@ -268,8 +269,9 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
 @gluon.jit
 def _transpose_page(k_lat, vt, kv_ready, kv_empty, slot, valid, WG: gl.constexpr):
     """This warpgroup's half of ring slot `slot`'s latent tile -> V^T buffer slot % 2; then releases the slot."""
-    s = slot % STAGES
-    mbarrier.wait(kv_ready.index(s), (slot // STAGES) & 1)
+    RING: gl.constexpr = k_lat.shape[0]
+    s = slot % RING
+    mbarrier.wait(kv_ready.index(s), (slot // RING) & 1)
     for c in gl.static_range(HALF // V_CHUNK):
         src = k_lat.index(s).slice(WG * HALF + c * V_CHUNK, V_CHUNK, dim=1)
         dst = vt.index(2 * WG + slot % 2).slice(c * V_CHUNK, V_CHUNK, dim=0)
@@ -435,6 +437,10 @@ def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_s
         from .hopper_bf16 import launch_hopper_bf16
         return launch_hopper_bf16(q, lat_desc, rope_desc, block_table, cache_seqlens, meta, num_splits, out, lse,
                                   o_part, lse_part, softmax_scale, causal)
+    from .hopper_small import launch_hopper_small, rows_per_cta
+    if rows_per_cta(s_q * h_q):  # few query rows: the transposed kernel, with no rows of padding to 64
+        return launch_hopper_small(q, (lat_desc, rope_desc, scale_desc), block_table, cache_seqlens, meta, num_splits,
+                                   out, lse, o_part, lse_part, descale_q, descale_k, softmax_scale, causal, kv_format)
     grid = (meta.shape[0], -(-(s_q * h_q) // BLOCK_M))
     dummy = cache_seqlens  # never read: placeholders for absent scales
     _launch(grid, (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,

@@ -42,20 +42,21 @@ O_GROUP = gl.constexpr(gl.DistributedLinearLayout(
 
 @gluon.jit
 def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, AS_IS: gl.constexpr):
-    """One request's 64 query rows into shared memory; returns each row's latent descale.
+    """One request's query rows (as many as q_lat has) into shared memory; returns each row's latent descale.
 
     AS_IS: q already has q_lat's dtype (an e4m3 q in hopper.py, a bf16 q in hopper_bf16.py): copied as it is.
     Otherwise a bf16 q has its latent part quantized to e4m3 with a scale per row (read in 128-column chunks,
     twice: amax, then scale, so no thread holds a whole row) and its RoPE part kept bf16.
     """
-    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, Q_LOAD))
+    ROWS: gl.constexpr = q_lat.shape[0]
+    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
     row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
     ok = (rows < R)[:, None]
     cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
     if AS_IS:
-        descale = gl.full([BLOCK_M], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
+        descale = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
     else:
-        amax = gl.zeros([BLOCK_M], gl.float32, gl.SliceLayout(1, Q_LOAD))
+        amax = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, Q_LOAD))
         for c in gl.static_range(D_LATENT // Q_CHUNK):
             x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
             amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
@@ -83,7 +84,7 @@ def request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req):
 
 
 @gluon.jit
-def _split_slot(meta_ptr, num_splits_ptr, req, begin_req):
+def split_slot(meta_ptr, num_splits_ptr, req, begin_req):
     """(True if the request has a single split, its partial-result slot)."""
     split0 = gl.load(num_splits_ptr + req)
     direct = gl.load(num_splits_ptr + req + 1) - split0 == 1
@@ -187,7 +188,7 @@ def softmax_epilogue(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scal
     mbarrier.wait(epi_free, (n_req & 1) ^ 1)
     norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
     mbarrier.arrive(epi_ready)
-    direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+    direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
     lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
     row_ok = rows < R
     if direct:
@@ -204,7 +205,7 @@ def pv_epilogue(o, req, begin_req, R, meta_ptr, num_splits_ptr, out_ptr, o_part_
     mbarrier.wait(epi_ready, n_req & 1)
     norm = norm_smem.load(gl.SliceLayout(1, O_GROUP))   # O's rows, held as the accumulator holds them
     mbarrier.arrive(epi_free)
-    direct, split = _split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+    direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
     _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
              o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R, VT_ORDER)

@@ -110,7 +110,7 @@ def portable_reports() -> list[SassReport]:
 
 def hopper_reports() -> list[SassReport]:
     """The Gluon sm_90a decode kernels for each format they support."""
-    from . import hopper, hopper_bf16
+    from . import hopper, hopper_bf16, hopper_small
     from .constants import FORMAT_CODE
 
     sig = decode_signature(hopper_bf16.mla_decode_hopper_bf16_kernel, q_ptr="*bf16",
@@ -132,6 +132,10 @@ def hopper_reports() -> list[SassReport]:
                          dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True), gluon=True,
                          divisible=TYPICAL_DIVISIBLE, num_warps=4)
         reports.append(sass_report(k, f"hopper[{fmt}{', fp8 q' if q_fp8 else ''}]"))
+        k = compile_sm90(hopper_small.mla_decode_hopper_small_kernel, {**sig, "ROWS": "constexpr"},
+                         dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True, ROWS=16), gluon=True,
+                         divisible=TYPICAL_DIVISIBLE, num_warps=4)
+        reports.append(sass_report(k, f"hopper_small[{fmt}{', fp8 q' if q_fp8 else ''}]"))
     return reports
 
 

@@ -1,0 +1,321 @@
+"""Hopper (sm_90a) MLA decode kernel for few query rows (s_q * h_q <= 32) and the FP8 cache formats.
+
+hopper.py runs a wgmma of 64 query rows whatever the call has: with 16 rows (s_q=1, h_q=16, the memory-bound
+case) three quarters of its Q.K^T, P.V and softmax work is padding. Here the products are transposed so the
+rows are the wgmma's N (16 or 32) and the 64 tokens of a page its M:
+
+  S^T [64 tokens, ROWS] = K [64, 576] . Q^T       (K from the ring as the A operand, q from shared memory as B)
+  O^T [512 dims, ROWS] += V^T [512, 64] . P^T      (V^T as hopper.py's transposes build it, now the A operand)
+
+Everything else is hopper.py's: the schedule, the three warpgroups and their handshakes, the TMA ring (three
+pages deep here: q takes 8-16 KB instead of 36), the V transposes. The softmax reduces over tokens, i.e. across
+the softmax warpgroup's four warps. O^T's rows are V^T's permuted dims, so the epilogue stores each to its dim.
+"""
+from __future__ import annotations
+
+import torch
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
+
+from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
+                        LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE)
+from .hopper import (LAT_SMEM, ROPE_FP8_SMEM, SCALE_COLS, SCALE_SMEM, V_CHUNK, VT_SMEM, _load_page, _transpose_page)
+from .hopper_common import (HALF, LEFT, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, VEC_SMEM, advance, load_cursor_start,
+                            load_cursor_step, load_q, part_start, request_range, split_slot)
+from .launcher import CachedLauncher
+
+STAGES = gl.constexpr(3)     # KV pages in flight per CTA
+MAX_ROWS = 32                # calls with more query rows (s_q * h_q) use hopper.py
+P_T_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [ROWS, 64] e4m3
+SCALE_ROWS = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32, 1], warps_per_cta=[4, 1],
+                                           order=[1, 0]))   # a page's [64 tokens, 4] scale tile, a token per thread
+
+
+@gluon.jit
+def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, pt, sm_scale_log2, p_smem,
+                  alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
+    """hopper.py's _softmax_page on S^T: rows are tokens, columns query rows; P^T goes to shared memory as P
+    [ROWS, 64] (tokens contiguous: P.V's B operand)."""
+    ST: gl.constexpr = sc.type.layout
+    if (blk + 1) * PAGE_SIZE > min_key_limit:
+        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, ST))
+        sc = gl.where(tok[:, None] < key_limit[None, :], sc, float("-inf"))  # also drops NaN slots past the end
+    m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2)[None, :])
+    alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+    l_i = l_i * alpha + gl.sum(p, axis=0)
+    if KV_FORMAT == FP8_ROPE_BF16:
+        page_unit = gl.maximum(gl.max(k_scale, axis=0), 1e-30)
+        p = p * (k_scale * (FP8_MAX / page_unit))[:, None]
+    else:
+        page_unit = v_unit
+        p = p * FP8_MAX
+    alpha = alpha * (v_unit / page_unit)
+    pb = pt % 2
+    mbarrier.wait(p_free.index(pb), ((pt // 2) & 1) ^ 1)
+    p_smem.index(pb).store(gl.permute(p.to(gl.float8e4nv), (1, 0)))
+    alpha_smem.index(pb).store(alpha)
+    fence_async_shared()
+    mbarrier.arrive(p_ready.index(pb))
+    return m_new, l_i, page_unit
+
+
+@gluon.jit
+def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr, stride_bt,
+                seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr,
+                sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale_smem, p_smem, alpha_smem,
+                norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
+                KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
+    ROWS: gl.constexpr = q_lat.shape[0]
+    ST: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 32])
+    ST_BF16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, ROWS, 16])
+    row_l: gl.constexpr = gl.SliceLayout(0, ST)   # query rows are S^T's columns
+    tok_l: gl.constexpr = gl.SliceLayout(1, ST)
+    R = H * S_Q
+    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, row_l)
+    s_idx = rows // H
+    if KV_FORMAT == FP8:  # per-tensor scales multiply every score
+        sm_scale_log2 = sm_scale_log2 * gl.load(descale_k_ptr)
+        if Q_FP8:
+            sm_scale_log2 = sm_scale_log2 * gl.load(descale_q_ptr)
+    begin_req = gl.load(meta_ptr + BEGIN_REQ)
+    end_req = gl.load(meta_ptr + END_REQ)
+    load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_start(
+        meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req)
+    loaded = 0
+    for i in gl.static_range(STAGES):
+        if load_ok:
+            _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty, load_page,
+                       loaded, KV_FORMAT)
+            loaded += 1
+            load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+                meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
+                load_hi, begin_req, end_req)
+    it = 0
+    n_req = 0
+    for req in range(begin_req, end_req + 1):
+        seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        if lo < hi:
+            q_scale = gl.convert_layout(
+                load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8), row_l)
+            if CAUSAL:
+                key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
+                min_key_limit = seqlen - (S_Q - 1)
+            else:
+                key_limit = gl.zeros([ROWS], gl.int32, row_l) + seqlen
+                min_key_limit = seqlen
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, row_l)
+            l_i = gl.zeros([ROWS], gl.float32, row_l)
+            v_unit = gl.to_tensor(1.0)
+            prev_s = gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST)
+            prev_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, tok_l)
+            for blk in range(lo, hi):
+                # ---- S^T = k_lat.q_lat^T * scales + k_rope.q_rope^T for this page ... ----
+                s = it % STAGES
+                mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
+                acc = warpgroup_mma(k_lat.index(s), q_lat.permute((1, 0)),
+                                    gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST), use_acc=False, is_async=True)
+                if Q_FP8:
+                    acc = warpgroup_mma(k_rope.index(s), q_rope.permute((1, 0)), acc, is_async=True)
+                else:
+                    if KV_FORMAT == FP8:
+                        k_rope_bf16.store(k_rope.index(s).load(Q_LOAD).to(gl.bfloat16))
+                        fence_async_shared()
+                        rope_src = k_rope_bf16
+                    else:
+                        rope_src = k_rope.index(s)
+                    acc_rope = warpgroup_mma(rope_src, q_rope.permute((1, 0)),
+                                             gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST_BF16), use_acc=False,
+                                             is_async=True)
+                # ---- ... while the previous page's softmax runs ----
+                if blk > lo:
+                    m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, blk - 1, key_limit, min_key_limit, m_i,
+                                                     l_i, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready,
+                                                     p_free, KV_FORMAT)
+                if KV_FORMAT == FP8_ROPE_BF16:
+                    x = k_scale_smem.index(s).load(SCALE_ROWS).reshape([PAGE_SIZE, 2, 2])
+                    k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], tok_l)   # column 0
+                    if (blk + 1) * PAGE_SIZE > seqlen:  # slots past the end may hold NaN
+                        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, tok_l)
+                        k_scale = gl.where(tok < seqlen, k_scale, 0.0)
+                else:
+                    k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, tok_l)
+                if Q_FP8:
+                    acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
+                else:
+                    acc, acc_rope = warpgroup_mma_wait(0, deps=[acc, acc_rope, q_lat, q_rope, k_lat.index(s),
+                                                                rope_src])[:2]
+                    acc = acc * k_scale[:, None] * q_scale[None, :] + gl.convert_layout(acc_rope, ST,
+                                                                                        assert_trivial=True)
+                mbarrier.arrive(kv_empty.index(s))
+                prev_s = acc
+                prev_scale = k_scale
+                it += 1
+                if load_ok:
+                    _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
+                               load_page, loaded, KV_FORMAT)
+                    loaded += 1
+                    load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+                        meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
+                        load_hi, begin_req, end_req)
+            m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, key_limit, min_key_limit, m_i, l_i, v_unit,
+                                             it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
+
+            # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
+            seen = l_i > 0
+            if KV_FORMAT == FP8:
+                o_scale = gl.load(descale_k_ptr) / FP8_MAX
+            else:
+                o_scale = v_unit / FP8_MAX
+            mbarrier.wait(epi_free, (n_req & 1) ^ 1)
+            norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
+            mbarrier.arrive(epi_ready)
+            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+            lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
+            row_ok = rows < R
+            if direct:
+                gl.store(lse_ptr + req * R + (rows % H) * S_Q + s_idx, lse, mask=row_ok)
+            else:
+                gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, gl.where(seen, lse, float("-inf")),
+                         mask=row_ok)
+            n_req += 1
+
+
+@gluon.jit
+def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
+           alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, WG: gl.constexpr):
+    """O^T[256 WG : 256 (WG + 1), :] for every page of the part (hopper.py's _pv_wg, transposed)."""
+    ROWS: gl.constexpr = p_smem.shape[1]
+    OT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 32])
+    R = H * S_Q
+    begin_req = gl.load(meta_ptr + BEGIN_REQ)
+    end_req = gl.load(meta_ptr + END_REQ)
+    t_req, t_blk, t_ok, t_len, t_hi = part_start(meta_ptr, seqlens_ptr, max_pages, begin_req, end_req)
+    if t_ok:
+        _transpose_page(k_lat, vt, kv_ready, kv_empty, 0, t_len - t_blk * PAGE_SIZE, WG)
+        t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len, t_hi,
+                                                  begin_req, end_req)
+    it = 0
+    n_req = 0
+    for req in range(begin_req, end_req + 1):
+        seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
+        if lo < hi:
+            o = warpgroup_mma_init(gl.zeros([HALF, ROWS], gl.float32, OT))
+            for blk in range(lo, hi):
+                pb = it % 2
+                o = warpgroup_mma_wait(0, deps=[o])
+                if blk > lo:
+                    mbarrier.arrive(p_free.index(1 - pb))
+                if t_ok:
+                    _transpose_page(k_lat, vt, kv_ready, kv_empty, it + 1, t_len - t_blk * PAGE_SIZE, WG)
+                    t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len,
+                                                              t_hi, begin_req, end_req)
+                mbarrier.wait(p_ready.index(pb), (it // 2) & 1)
+                alpha = alpha_smem.index(pb).load(gl.SliceLayout(0, OT))
+                o = warpgroup_mma(vt.index(2 * WG + pb), p_smem.index(pb).permute((1, 0)), o * alpha[None, :],
+                                  is_async=True)
+                it += 1
+            o = warpgroup_mma_wait(0, deps=[o])
+            mbarrier.arrive(p_free.index((it - 1) % 2))
+
+            # ---- epilogue: O^T * norm -> out (a request with one split) or its partial slot ----
+            mbarrier.wait(epi_ready, n_req & 1)
+            norm = norm_smem.load(gl.SliceLayout(0, OT))
+            mbarrier.arrive(epi_free)
+            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
+            rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(0, OT))
+            # O^T row n holds V dim WG * 256 + the transposes' d(n) (see hopper._transpose_chunk)
+            n = gl.arange(0, HALF, gl.SliceLayout(1, OT))
+            c = n % V_CHUNK
+            dim = WG * HALF + (n - c) + ((c & 0xE0) | ((c & 7) << 2) | ((c >> 3) & 3))
+            o = o * norm[None, :]
+            ok = (rows < R)[None, :]
+            if direct:
+                gl.store(out_ptr + (req * R + rows).to(gl.int64)[None, :] * D_LATENT + dim[:, None],
+                         o.to(gl.bfloat16), mask=ok)
+            else:
+                gl.store(o_part_ptr + (split.to(gl.int64) * R + rows)[None, :] * D_LATENT + dim[:, None], o,
+                         mask=ok)
+            n_req += 1
+
+
+@gluon.jit
+def mla_decode_hopper_small_kernel(
+        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
+        block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
+        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
+        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr):
+    meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
+    q_lat = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_LATENT], LAT_SMEM)
+    if Q_FP8:
+        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_ROPE], ROPE_FP8_SMEM)
+    else:
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_ROPE], ROPE_BF16_SMEM)
+    k_lat = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE_SIZE, D_LATENT], LAT_SMEM)
+    k_rope = gl.allocate_shared_memory(rope_desc.dtype, [STAGES, PAGE_SIZE, D_ROPE], rope_desc.layout)
+    if KV_FORMAT == FP8_ROPE_BF16:
+        k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, PAGE_SIZE, SCALE_COLS], SCALE_SMEM)
+    else:
+        k_scale = k_rope  # unused
+    if KV_FORMAT == FP8 and not Q_FP8:
+        k_rope_bf16 = gl.allocate_shared_memory(gl.bfloat16, [PAGE_SIZE, D_ROPE], ROPE_BF16_SMEM)
+    else:
+        k_rope_bf16 = q_rope  # unused
+    vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)   # 2 halves x 2 pages
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, PAGE_SIZE], P_T_SMEM)
+    alpha_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], VEC_SMEM)
+    norm_smem = gl.allocate_shared_memory(gl.float32, [ROWS], VEC_SMEM)
+    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    epi_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    epi_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=3)
+    for i in gl.static_range(2):
+        mbarrier.init(p_ready.index(i), count=1)
+        mbarrier.init(p_free.index(i), count=2)
+    mbarrier.init(epi_ready, count=1)
+    mbarrier.init(epi_free, count=2)
+
+    gl.warp_specialize([
+        (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr,
+                       stride_bt, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr,
+                       descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale,
+                       p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
+                       KV_FORMAT, Q_FP8, CAUSAL)),
+        (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
+                  alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, LEFT)),
+        (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
+                  alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, RIGHT)),
+    ], [4, 4], [PV_REGS, PV_REGS])
+
+
+_launch = CachedLauncher(mla_decode_hopper_small_kernel)
+
+
+def rows_per_cta(rows: int) -> int | None:
+    """The kernel's N for a call with `rows` = s_q * h_q query rows, None if it is hopper.py's."""
+    return 16 if rows <= 16 else 32 if rows <= MAX_ROWS else None
+
+
+def launch_hopper_small(q, descriptors, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
+                        descale_q, descale_k, softmax_scale, causal, kv_format):
+    _, s_q, h_q, _ = q.shape
+    lat_desc, rope_desc, scale_desc = descriptors
+    rows = rows_per_cta(s_q * h_q)
+    dummy = cache_seqlens
+    _launch((meta.shape[0], 1), (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
+                                 block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta,
+                                 num_splits, out, lse, o_part, lse_part,
+                                 descale_q if descale_q is not None else dummy,
+                                 descale_k if descale_k is not None else dummy, softmax_scale * LOG2E.value, h_q, s_q),
+            dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != torch.bfloat16, CAUSAL=causal, ROWS=rows),
+            num_warps=4)
