@@ -19,11 +19,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
-from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
-                        LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE)
+from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LOG2E,
+                        METADATA_WIDTH, PAGE_SIZE)
 from .hopper import (LAT_SMEM, ROPE_FP8_SMEM, SCALE_COLS, SCALE_SMEM, V_CHUNK, VT_SMEM, _load_page, _transpose_page)
-from .hopper_common import (HALF, LEFT, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, VEC_SMEM, advance, load_cursor_start,
-                            load_cursor_step, load_q, part_start, request_range, split_slot)
+from .hopper_common import (HALF, LEFT, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, VEC_SMEM, advance, key_limits,
+                            load_cursor_start, load_cursor_step, load_q, part_start, request_range, softmax_epilogue,
+                            split_slot)
 from .launcher import CachedLauncher
 
 STAGES = gl.constexpr(3)     # KV pages in flight per CTA
@@ -102,12 +103,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
         if lo < hi:
             q_scale = gl.convert_layout(
                 load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8), row_l)
-            if CAUSAL:
-                key_limit = gl.minimum(seqlen - (S_Q - 1 - s_idx), seqlen)
-                min_key_limit = seqlen - (S_Q - 1)
-            else:
-                key_limit = gl.zeros([ROWS], gl.int32, row_l) + seqlen
-                min_key_limit = seqlen
+            key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, row_l)
             l_i = gl.zeros([ROWS], gl.float32, row_l)
             v_unit = gl.to_tensor(1.0)
@@ -166,22 +162,12 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                              it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
 
             # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
-            seen = l_i > 0
             if KV_FORMAT == FP8:
                 o_scale = gl.load(descale_k_ptr) / FP8_MAX
             else:
                 o_scale = v_unit / FP8_MAX
-            mbarrier.wait(epi_free, (n_req & 1) ^ 1)
-            norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
-            mbarrier.arrive(epi_ready)
-            direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
-            lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
-            row_ok = rows < R
-            if direct:
-                gl.store(lse_ptr + req * R + (rows % H) * S_Q + s_idx, lse, mask=row_ok)
-            else:
-                gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, gl.where(seen, lse, float("-inf")),
-                         mask=row_ok)
+            softmax_epilogue(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr,
+                             num_splits_ptr, lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req)
             n_req += 1
 
 
