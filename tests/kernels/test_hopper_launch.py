@@ -7,14 +7,14 @@ import torch
 
 from fp8mla import get_mla_metadata
 from fp8mla.inputs import make_problem
-from fp8mla.kernels import hopper, hopper_bf16
+from fp8mla.kernels import hopper, hopper_bf16, hopper_small
 from fp8mla.kernels.constants import FORMAT_CODE, LOG2E
 
 
 @pytest.fixture
 def launches(monkeypatch):
     calls = []
-    for module in (hopper, hopper_bf16):
+    for module in (hopper, hopper_bf16, hopper_small):
         monkeypatch.setattr(module, "_launch", lambda grid, args, constexprs, m=module, **options:
                             calls.append((m.__name__.rsplit(".", 1)[1], grid, args, constexprs, options)))
     return calls
@@ -62,3 +62,17 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
     descale_q, descale_k = args[17], args[18]
     assert descale_k is (x["descale_k"] if kv_format == "fp8" else p.cache_seqlens)   # placeholder: never read
     assert descale_q is (x["descale_q"] if q_fp8 else p.cache_seqlens)
+
+
+@pytest.mark.parametrize("s_q,h_q,rows", [(1, 16, 16), (2, 16, 32), (3, 8, 32), (1, 32, 32)])
+@pytest.mark.parametrize("kv_format,q_fp8", [("fp8_rope_bf16", False), ("fp8", True)])
+def test_few_query_rows_reach_the_small_rows_kernel(launches, kv_format, q_fp8, s_q, h_q, rows):
+    p, x, meta = launch(kv_format, q_fp8, s_q=s_q, h_q=h_q)
+    ((name, grid, args, constexprs, options),) = launches
+    assert name == "hopper_small" and grid == (meta.shape[0], 1)
+    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ROWS=rows)
+
+
+def test_more_query_rows_stay_on_the_64_row_kernel(launches):
+    launch("fp8", True, s_q=3, h_q=16)   # 48 rows
+    assert [c[0] for c in launches] == ["hopper"]
