@@ -8,7 +8,7 @@ rows are the wgmma's N (16 or 32) and the 64 tokens of a page its M:
   O^T [512 dims, ROWS] += V^T [512, 64] . P^T      (V^T as hopper.py's transposes build it, now the A operand)
 
 Everything else is hopper.py's: the schedule, the three warpgroups and their handshakes, the TMA ring (three
-pages deep here: q takes 8-16 KB instead of 36), the V transposes. The softmax reduces over tokens, i.e. across
+pages deep here: q takes 10-20 KB instead of 40), the V transposes. The softmax reduces over tokens, i.e. across
 the softmax warpgroup's four warps. O^T's rows are V^T's permuted dims, so the epilogue stores each to its dim.
 """
 from __future__ import annotations
