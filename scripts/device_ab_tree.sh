@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One device call: the bench (Hopper rows and FlashMLA) on this tree, then on another source tree copied over it
 # (e.g. a branch, materialized here first since the device gets no git history:
-#     rm -rf ab/next && mkdir -p ab/next && git archive next src | tar -x -C ab/next
+#     rm -rf ab/next && mkdir -p ab/next && git archive next src scripts | tar -x -C ab/next
 # and passed with carry [".peers", "ab"]), with the other tree's correctness check in between:
 #     bash scripts/device_ab_tree.sh ab/next
 # Each bench measures the FlashMLA peers in its own process: compare our rows' ratios to them, run against run.
 set -u
+{  # parsed whole before it runs: the copy below may replace this very file
 tree=${1:?usage: scripts/device_ab_tree.sh DIR (a tree with src/fp8mla)}
 export PYTHONPATH=src PYTHONUNBUFFERED=1
 bench() {
@@ -15,7 +16,10 @@ bench() {
 }
 echo "== this tree"; bench | tee "$OUT/this.md"
 cp -r "$tree/src/fp8mla/." src/fp8mla/
+[ -d "$tree/scripts" ] && cp -r "$tree/scripts/." scripts/
 echo "== $tree"
 timeout 200 python3 scripts/hopper_check.py --no-time 2>&1 | tee "$OUT/check.log" | tail -3
 grep -q "ALL OK" "$OUT/check.log" || exit 1
 bench | tee "$OUT/other.md"
+exit
+}
