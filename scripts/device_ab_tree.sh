@@ -9,8 +9,10 @@ set -u
 {  # parsed whole before it runs: the copy below may replace this very file
 tree=${1:?usage: scripts/device_ab_tree.sh DIR (a tree with src/fp8mla)}
 export PYTHONPATH=src PYTHONUNBUFFERED=1
+# bench configs: $CONFIGS (';'-separated) or these three
+IFS=';' read -ra CONFIGS <<< "${CONFIGS:---b 64;--b 128 --s-q 1 --h-q 16;--b 8}"
 bench() {
-  for cfg in "--b 64" "--b 128 --s-q 1 --h-q 16" "--b 8"; do
+  for cfg in "${CONFIGS[@]}"; do
     timeout 150 python3 -m fp8mla bench --peers .peers --no-fa3 --backend hopper $cfg 2>>"$OUT/bench.log" | grep -E "^\|"
   done
 }

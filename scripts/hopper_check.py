@@ -21,8 +21,9 @@ is not timed), and a table gives each variant's median against the working tree'
 
     PYTHONPATH=src python3 scripts/hopper_check.py --variants /tmp/b.py --rounds 5
 
-``--profile [FORMAT]`` only runs the headline config (b=64 s_q=2 h_q=64; fp8_rope_bf16 unless FORMAT is fp8 (e4m3
-q) or bf16) three times, for a profiler (the bf16 kernel's name: ``mla_decode_hopper_bf16``):
+``--profile [FORMAT]`` only runs one config (the headline b=64 s_q=2 h_q=64 unless ``--b/--s-q/--h-q`` say
+otherwise; fp8_rope_bf16 unless FORMAT is fp8 (e4m3 q) or bf16) three times, for a profiler (the kernels' names:
+``mla_decode_hopper_kernel``, ``mla_decode_hopper_small_kernel`` for s_q * h_q <= 32, ``mla_decode_hopper_bf16``):
 
     PYTHONPATH=src ncu --clock-control none -k regex:mla_decode_hopper -s 2 -c 1 --section WarpStateStats \\
         --section SourceCounters -o prof python3 scripts/hopper_check.py --profile
@@ -141,16 +142,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--no-time", action="store_true", help="correctness only")
     parser.add_argument("--seqlens", type=int, nargs="+", help="one case: a cache length per request")
-    parser.add_argument("--s-q", type=int, default=2)
-    parser.add_argument("--h-q", type=int, default=64)
+    parser.add_argument("--b", type=int, default=TIMED[0][0], help="requests of --profile's config")
+    parser.add_argument("--s-q", type=int, default=TIMED[0][1])
+    parser.add_argument("--h-q", type=int, default=TIMED[0][2])
     parser.add_argument("--parts", type=int, help="split-KV parts for the one case (default: None and 7)")
     parser.add_argument("--variants", nargs="+", default=[], help="other hopper.py files to check and time")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     parser.add_argument("--profile", nargs="?", const="fp8_rope_bf16", choices=["fp8_rope_bf16", "fp8", "bf16"],
-                        help="only run the headline config three times, in this cache format (fp8: e4m3 q)")
+                        help="only run one config (--b, --s-q, --h-q; the headline one by default) three times, in this cache format (fp8: e4m3 q)")
     args = parser.parse_args()
     if args.profile:
-        b, s_q, h_q = TIMED[0]
+        b, s_q, h_q = args.b, args.s_q, args.h_q
         call = decode_call(make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0), args.profile,
                            args.profile == "fp8", True)
         for _ in range(3):

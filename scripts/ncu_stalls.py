@@ -3,9 +3,9 @@
     ncu --import prof.ncu-rep --page source --csv --print-source sass > source.csv
     python3 scripts/ncu_stalls.py source.csv [--top 25]
 
-Prints the stall reasons over all warp samples, the samples inside each page loop of the Hopper kernel (the
-innermost backward branch around a Q.K^T wgmma, QGMMA.64x64, for the softmax warpgroup, or around a P.V wgmma,
-QGMMA.64x256, for each PV warpgroup) with their stall reasons, and the instructions with the most samples.
+Prints the stall reasons over all warp samples, the samples inside each page loop of a Hopper kernel (an
+innermost backward branch around a wgmma: the softmax warpgroup's Q.K^T, each PV warpgroup's P.V; named by the
+wgmma shapes inside) with their stall reasons, and the instructions with the most samples.
 """
 import argparse
 import collections
@@ -61,14 +61,15 @@ def main():
     for _, _, _, r in code:
         overall.update(r)
     print(f"{total:.0f} warp samples; stall reasons: {reasons_line(overall, sum(overall.values()))}")
-    for label, marker in [("softmax page loop", "QGMMA.64x64x32"), ("PV page loop", "QGMMA.64x256x32")]:
-        for lo, hi in loops(code, marker):
-            inside = [(s, r) for a, _, s, r in code if lo <= a <= hi]
-            why = collections.Counter()
-            for _, r in inside:
-                why.update(r)
-            print(f"{label} [{lo - code[0][0]:#x}, {hi - code[0][0]:#x}]: {len(inside)} instructions, "
-                  f"{sum(s for s, _ in inside) / total * 100:.1f}% of samples; {reasons_line(why, sum(why.values()))}")
+    for lo, hi in loops(code, "GMMA."):   # every page loop: the softmax's Q.K^T, each PV warpgroup's P.V
+        inside = [(src, s, r) for a, src, s, r in code if lo <= a <= hi]
+        shapes = sorted({m.group(0) for src, _, _ in inside for m in [re.search(r"[QH]GMMA\.\w+", src)] if m})
+        why = collections.Counter()
+        for _, _, r in inside:
+            why.update(r)
+        print(f"page loop [{lo - code[0][0]:#x}, {hi - code[0][0]:#x}] ({', '.join(shapes)}): {len(inside)} "
+              f"instructions, {sum(s for _, s, _ in inside) / total * 100:.1f}% of samples; "
+              f"{reasons_line(why, sum(why.values()))}")
     print(f"\ntop {args.top} instructions (offset, share of samples, two main reasons):")
     for address, source, samples, r in sorted(code, key=lambda x: -x[2])[:args.top]:
         main_reasons = ", ".join(f"{k} {v:.0f}" for k, v in sorted(r.items(), key=lambda x: -x[1])[:2] if v)

@@ -9,11 +9,14 @@ rows are the wgmma's N (16 or 32) and the 64 tokens of a page its M:
 
 Everything else is hopper.py's: the schedule, the three warpgroups and their handshakes, the TMA ring (three
 pages deep here: q takes 10-20 KB instead of 40), the V transposes. The softmax reduces over tokens, i.e. across
-the softmax warpgroup's four warps. O^T's rows are V^T's permuted dims, so the epilogue stores each to its dim.
+the softmax warpgroup's four warps: they meet once per page, for the row maxima (and fp8_rope_bf16's largest
+token scale); the row sums stay per thread until the request's end. O^T's rows are V^T's permuted dims, so the
+epilogue stores each to its dim.
 """
 from __future__ import annotations
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
@@ -30,26 +33,60 @@ from .launcher import CachedLauncher
 STAGES = gl.constexpr(3)     # KV pages in flight per CTA
 MAX_ROWS = 32                # calls with more query rows (s_q * h_q) use hopper.py
 P_T_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [ROWS, 64] e4m3
+RED_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # [4 warps, ROWS]
 SCALE_ROWS = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32, 1], warps_per_cta=[4, 1],
                                            order=[1, 0]))   # a page's [64 tokens, 4] scale tile, a token per thread
 
 
+@triton.constexpr_function
+def _warp_rows_layout(rows):
+    """[4 warps, rows]: every thread holds the four warps' values of the query rows it holds in S^T (wgmma
+    accumulator: row bit 0 and bits 3+ in registers, bits 1-2 in lanes 0-1), so a max over the warps is in-thread
+    and leaves S^T's own row layout."""
+    row_regs = [[0, 1]] + [[0, r] for r in (8, 16) if r < rows]
+    return gl.DistributedLinearLayout(reg_bases=row_regs + [[1, 0], [2, 0]],
+                                      lane_bases=[[0, 2], [0, 4], [0, 0], [0, 0], [0, 0]],
+                                      warp_bases=[[0, 0], [0, 0]], block_bases=[], shape=[4, rows])
+
+
 @gluon.jit
-def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, pt, sm_scale_log2, p_smem,
-                  alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
+def _page_max(sc, k_scale, red, red_scale, pt, KV_FORMAT: gl.constexpr):
+    """(each query row's max score, the largest token scale) of the page. Tokens span the four warps: each warp
+    reduces its 16, and the warps meet in shared memory at one barrier (double-buffered by page, so a warp a
+    page ahead cannot overwrite what another still reads)."""
+    ROWS: gl.constexpr = sc.shape[1]
+    buf = red.index(pt % 2)
+    buf.store(gl.max(gl.reshape(sc, [4, PAGE_SIZE // 4, ROWS]), axis=1))
+    if KV_FORMAT == FP8_ROPE_BF16:
+        red_scale.index(pt % 2).store(gl.max(gl.reshape(k_scale, [4, PAGE_SIZE // 4]), axis=1))
+    gl.thread_barrier()
+    m = gl.convert_layout(gl.max(buf.load(_warp_rows_layout(ROWS)), axis=0), gl.SliceLayout(0, sc.type.layout),
+                          assert_trivial=True)
+    if KV_FORMAT == FP8_ROPE_BF16:
+        scale_max = gl.max(red_scale.index(pt % 2).load(gl.BlockedLayout([4], [32], [4], [0])), axis=0)
+    else:
+        scale_max = 1.0
+    return m, scale_max
+
+
+@gluon.jit
+def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_acc, v_unit, pt, sm_scale_log2, p_smem,
+                  alpha_smem, red, red_scale, p_ready, p_free, KV_FORMAT: gl.constexpr):
     """hopper.py's _softmax_page on S^T: rows are tokens, columns query rows; P^T goes to shared memory as P
-    [ROWS, 64] (tokens contiguous: P.V's B operand)."""
+    [ROWS, 64] (tokens contiguous: P.V's B operand). The row sums stay per thread (l_acc, S^T's shape) until the
+    request's end: a sum over tokens would cost the page another meeting of the warps."""
     ST: gl.constexpr = sc.type.layout
     if (blk + 1) * PAGE_SIZE > min_key_limit:
         tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, ST))
         sc = gl.where(tok[:, None] < key_limit[None, :], sc, float("-inf"))  # also drops NaN slots past the end
-    m_new = gl.maximum(m_i, gl.max(sc, axis=0))
+    page_max, scale_max = _page_max(sc, k_scale, red, red_scale, pt, KV_FORMAT)
+    m_new = gl.maximum(m_i, page_max)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2)[None, :])
     alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
-    l_i = l_i * alpha + gl.sum(p, axis=0)
+    l_acc = l_acc * alpha[None, :] + p
     if KV_FORMAT == FP8_ROPE_BF16:
-        page_unit = gl.maximum(gl.max(k_scale, axis=0), 1e-30)
+        page_unit = gl.maximum(scale_max, 1e-30)
         p = p * (k_scale * (FP8_MAX / page_unit))[:, None]
     else:
         page_unit = v_unit
@@ -61,14 +98,14 @@ def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, 
     alpha_smem.index(pb).store(alpha)
     fence_async_shared()
     mbarrier.arrive(p_ready.index(pb))
-    return m_new, l_i, page_unit
+    return m_new, l_acc, page_unit
 
 
 @gluon.jit
 def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr, stride_bt,
                 seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr,
                 sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale_smem, p_smem, alpha_smem,
-                norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
+                norm_smem, red, red_scale, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
                 KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     ROWS: gl.constexpr = q_lat.shape[0]
     ST: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 32])
@@ -105,7 +142,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8), row_l)
             key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, row_l)
-            l_i = gl.zeros([ROWS], gl.float32, row_l)
+            l_acc = gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST)
             v_unit = gl.to_tensor(1.0)
             prev_s = gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST)
             prev_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, tok_l)
@@ -129,9 +166,9 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                              is_async=True)
                 # ---- ... while the previous page's softmax runs ----
                 if blk > lo:
-                    m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, blk - 1, key_limit, min_key_limit, m_i,
-                                                     l_i, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready,
-                                                     p_free, KV_FORMAT)
+                    m_i, l_acc, v_unit = _softmax_page(prev_s, prev_scale, blk - 1, key_limit, min_key_limit,
+                                                       m_i, l_acc, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem,
+                                                       red, red_scale, p_ready, p_free, KV_FORMAT)
                 if KV_FORMAT == FP8_ROPE_BF16:
                     x = k_scale_smem.index(s).load(SCALE_ROWS).reshape([PAGE_SIZE, 2, 2])
                     k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], tok_l)   # column 0
@@ -158,8 +195,10 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                     load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
                         meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
                         load_hi, begin_req, end_req)
-            m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, key_limit, min_key_limit, m_i, l_i, v_unit,
-                                             it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
+            m_i, l_acc, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, key_limit, min_key_limit, m_i, l_acc,
+                                               v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, red, red_scale,
+                                               p_ready, p_free, KV_FORMAT)
+            l_i = gl.sum(l_acc, axis=0)
 
             # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
             if KV_FORMAT == FP8:
@@ -255,6 +294,8 @@ def mla_decode_hopper_small_kernel(
     p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, PAGE_SIZE], P_T_SMEM)
     alpha_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], VEC_SMEM)
     norm_smem = gl.allocate_shared_memory(gl.float32, [ROWS], VEC_SMEM)
+    red = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], RED_SMEM)    # per page parity, warp: row maxima
+    red_scale = gl.allocate_shared_memory(gl.float32, [2, 4], VEC_SMEM)    # ... and the largest token scale
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
@@ -275,8 +316,8 @@ def mla_decode_hopper_small_kernel(
         (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr,
                        stride_bt, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr,
                        descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale,
-                       p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
-                       KV_FORMAT, Q_FP8, CAUSAL)),
+                       p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty, p_ready, p_free, epi_ready,
+                       epi_free, KV_FORMAT, Q_FP8, CAUSAL)),
         (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
                   alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, LEFT)),
         (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
