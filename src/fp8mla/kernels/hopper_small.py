@@ -7,8 +7,10 @@ rows are the wgmma's N (16 or 32) and the 64 tokens of a page its M:
   S^T [64 tokens, ROWS] = K [64, 576] . Q^T       (K from the ring as the A operand, q from shared memory as B)
   O^T [512 dims, ROWS] += V^T [512, 64] . P^T      (V^T as hopper.py's transposes build it, now the A operand)
 
-Everything else is hopper.py's: the schedule, the three warpgroups and their handshakes, the TMA ring (three
-pages deep here: q takes 10-20 KB instead of 40), the V transposes. The softmax reduces over tokens, i.e. across
+Everything else is hopper.py's: the schedule, the softmax and two PV warpgroups and their handshakes, the TMA
+ring (three pages deep here: q takes 10-20 KB instead of 40), the V transposes; but the TMA loads come from a
+load warp of their own, off the softmax warpgroup's chain (the 128-register cap of a fourth warpgroup is no
+constraint with O^T at 32-64 registers). The softmax reduces over tokens, i.e. across
 the softmax warpgroup's four warps: they meet once per page, for the row maxima (and fp8_rope_bf16's largest
 token scale); the row sums stay per thread until the request's end. O^T's rows are V^T's permuted dims, so the
 epilogue stores each to its dim.
@@ -25,17 +27,24 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LOG2E,
                         METADATA_WIDTH, PAGE_SIZE)
 from .hopper import (LAT_SMEM, ROPE_FP8_SMEM, SCALE_COLS, SCALE_SMEM, V_CHUNK, VT_SMEM, _load_page, _transpose_page)
-from .hopper_common import (HALF, LEFT, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, VEC_SMEM, advance, key_limits,
+from .hopper_common import (HALF, LEFT, Q_LOAD, RIGHT, ROPE_BF16_SMEM, VEC_SMEM, advance, key_limits,
                             load_cursor_start, load_cursor_step, load_q, part_start, request_range, softmax_epilogue,
                             split_slot)
 from .launcher import CachedLauncher
 
 STAGES = gl.constexpr(3)     # KV pages in flight per CTA
+PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
+LOAD_REGS = gl.constexpr(24)
 MAX_ROWS = 32                # calls with more query rows (s_q * h_q) use hopper.py
 P_T_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [ROWS, 64] e4m3
 RED_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # [4 warps, ROWS]
-SCALE_ROWS = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32, 1], warps_per_cta=[4, 1],
-                                           order=[1, 0]))   # a page's [64 tokens, 4] scale tile, a token per thread
+# A page's [64 tokens, SCALE_COLS] scale tile, each token held by the threads that hold its score row in S^T
+# (wgmma accumulator: token bits 0-2 in lanes 2-4, bit 3 in a register, bits 4-5 in the warps), so the [64] scale
+# vector needs no layout conversion; the padding columns sit in registers and are never read.
+SCALE_LOAD_T = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [8, 0]],
+                                                       lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
+                                                       warp_bases=[[16, 0], [32, 0]], block_bases=[],
+                                                       shape=[PAGE_SIZE, SCALE_COLS.value]))
 
 
 @triton.constexpr_function
@@ -122,17 +131,6 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             sm_scale_log2 = sm_scale_log2 * gl.load(descale_q_ptr)
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
-    load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_start(
-        meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req)
-    loaded = 0
-    for i in gl.static_range(STAGES):
-        if load_ok:
-            _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty, load_page,
-                       loaded, KV_FORMAT)
-            loaded += 1
-            load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
-                meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
-                load_hi, begin_req, end_req)
     it = 0
     n_req = 0
     for req in range(begin_req, end_req + 1):
@@ -170,8 +168,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                                        m_i, l_acc, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem,
                                                        red, red_scale, p_ready, p_free, KV_FORMAT)
                 if KV_FORMAT == FP8_ROPE_BF16:
-                    x = k_scale_smem.index(s).load(SCALE_ROWS).reshape([PAGE_SIZE, 2, 2])
-                    k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], tok_l)   # column 0
+                    x = k_scale_smem.index(s).load(SCALE_LOAD_T).reshape([PAGE_SIZE, 2, 2])
+                    k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], tok_l, assert_trivial=True)  # column 0
                     if (blk + 1) * PAGE_SIZE > seqlen:  # slots past the end may hold NaN
                         tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, tok_l)
                         k_scale = gl.where(tok < seqlen, k_scale, 0.0)
@@ -188,13 +186,6 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 prev_s = acc
                 prev_scale = k_scale
                 it += 1
-                if load_ok:
-                    _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
-                               load_page, loaded, KV_FORMAT)
-                    loaded += 1
-                    load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
-                        meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
-                        load_hi, begin_req, end_req)
             m_i, l_acc, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, key_limit, min_key_limit, m_i, l_acc,
                                                v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, red, red_scale,
                                                p_ready, p_free, KV_FORMAT)
@@ -208,6 +199,24 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             softmax_epilogue(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr,
                              num_splits_ptr, lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req)
             n_req += 1
+
+
+@gluon.jit
+def _load_wg(lat_desc, rope_desc, scale_desc, block_table_ptr, stride_bt, seqlens_ptr, max_pages, meta_ptr, k_lat,
+             k_rope, k_scale_smem, kv_ready, kv_empty, KV_FORMAT: gl.constexpr):
+    """TMA: every page of the part into the ring, as soon as its slot is released (kv_empty)."""
+    begin_req = gl.load(meta_ptr + BEGIN_REQ)
+    end_req = gl.load(meta_ptr + END_REQ)
+    load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_start(
+        meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req)
+    loaded = 0
+    while load_ok:
+        _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty, load_page,
+                   loaded, KV_FORMAT)
+        loaded += 1
+        load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+            meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len, load_hi,
+            begin_req, end_req)
 
 
 @gluon.jit
@@ -322,7 +331,9 @@ def mla_decode_hopper_small_kernel(
                   alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, LEFT)),
         (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
                   alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, RIGHT)),
-    ], [4, 4], [PV_REGS, PV_REGS])
+        (_load_wg, (lat_desc, rope_desc, scale_desc, block_table_ptr, stride_bt, seqlens_ptr, max_pages, meta, k_lat,
+                    k_rope, k_scale, kv_ready, kv_empty, KV_FORMAT)),
+    ], [4, 4, 1], [PV_REGS_SMALL, PV_REGS_SMALL, LOAD_REGS])
 
 
 _launch = CachedLauncher(mla_decode_hopper_small_kernel)
