@@ -21,7 +21,7 @@ def hopper_sass():
 
 
 FP8_VARIANTS = ["hopper[fp8_rope_bf16]", "hopper[fp8]", "hopper[fp8, fp8 q]"]
-SMALL_VARIANTS = [v.replace("hopper[", "hopper_small[") for v in FP8_VARIANTS]
+SMALL_VARIANTS = [v.replace("hopper[", f"hopper_small{rows}[") for rows in (16, 32) for v in FP8_VARIANTS]
 VARIANTS = ["hopper[bf16]"] + FP8_VARIANTS
 
 
@@ -31,11 +31,23 @@ def test_sass_variants_cover_the_supported_formats(hopper_sass):
 
 
 @pytest.mark.parametrize("variant", SMALL_VARIANTS)
-def test_sass_small_rows_kernel_has_fp8_wgmma_and_no_local_memory(hopper_sass, variant):
+def test_sass_small_rows_kernel_has_fp8_wgmma_and_tma(hopper_sass, variant):
     r = hopper_sass[variant]
-    # S^T: 16 x k32 (64 tokens x 16 rows); O^T: 4 M-blocks x 2 k32 per PV warpgroup
+    # S^T: 16 x k32 (64 tokens x 16 or 32 rows); O^T: 4 M-blocks x 2 k32 per PV warpgroup
     assert r["QGMMA"] >= 16 + 2 * 4 * 2, r
+    assert f"QGMMA.64x{variant[len('hopper_small'):][:2]}x32" in r["wgmma_shapes"], r
     assert r["UTMALDG"] > 0
+
+
+SMALL_SPILLS = pytest.mark.xfail(strict=True, reason="known gap (issue 3): with 32 rows, under the 128 registers "
+                                 "per PV warpgroup that four warpgroups leave, ptxas spills one request-level value "
+                                 "(an STL before the page loop, an LDL after it)")
+
+
+@pytest.mark.parametrize("variant", [pytest.param(v, marks=SMALL_SPILLS) if v.startswith("hopper_small32") else v
+                                     for v in SMALL_VARIANTS])
+def test_sass_small_rows_kernel_has_no_local_memory(hopper_sass, variant):
+    r = hopper_sass[variant]
     assert (r["stack"], r["LDL"], r["STL"]) == (0, 0, 0), r
 
 

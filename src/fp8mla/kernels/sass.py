@@ -31,6 +31,7 @@ class SassReport:
         keys = ("QGMMA", "HGMMA", "HMMA", "UTMALDG", "LDL", "STL", "LDS", "STS", "STG", "STG.E.128", "PRMT", "BAR",
                 "SYNCS")
         return dict(name=self.name, regs=self.n_regs, stack=self.stack, shared=self.shared,
+                    wgmma_shapes=sorted(set(re.findall(r"\b[QH]GMMA\.\d+x\d+x\d+", self.sass))),
                     **{k: self.count(k) for k in keys})
 
 
@@ -132,10 +133,11 @@ def hopper_reports() -> list[SassReport]:
                          dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True), gluon=True,
                          divisible=TYPICAL_DIVISIBLE, num_warps=4)
         reports.append(sass_report(k, f"hopper[{fmt}{', fp8 q' if q_fp8 else ''}]"))
-        k = compile_sm90(hopper_small.mla_decode_hopper_small_kernel, {**sig, "ROWS": "constexpr"},
-                         dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True, ROWS=16), gluon=True,
-                         divisible=TYPICAL_DIVISIBLE, num_warps=4)
-        reports.append(sass_report(k, f"hopper_small[{fmt}{', fp8 q' if q_fp8 else ''}]"))
+        for rows in (16, 32):   # the small-rows kernel's two N
+            k = compile_sm90(hopper_small.mla_decode_hopper_small_kernel, {**sig, "ROWS": "constexpr"},
+                             dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True, ROWS=rows), gluon=True,
+                             divisible=TYPICAL_DIVISIBLE, num_warps=4)
+            reports.append(sass_report(k, f"hopper_small{rows}[{fmt}{', fp8 q' if q_fp8 else ''}]"))
     return reports
 
 
