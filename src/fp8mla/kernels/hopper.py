@@ -140,6 +140,18 @@ def _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale, kv_ready
 
 
 @gluon.jit
+def token_scales(scale_tile, blk, seqlen, LOAD: gl.constexpr, TOK: gl.constexpr):
+    """fp8_rope_bf16: page blk's per-token scales (column 0 of its [64, SCALE_COLS] tile), read with LOAD straight
+    into TOK, the scores' token layout; 0 past the sequence's end, whose slots may hold NaN."""
+    x = scale_tile.load(LOAD).reshape([PAGE_SIZE, 2, 2])
+    k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], TOK, assert_trivial=True)
+    if (blk + 1) * PAGE_SIZE > seqlen:
+        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, TOK)
+        k_scale = gl.where(tok < seqlen, k_scale, 0.0)
+    return k_scale
+
+
+@gluon.jit
 def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, pt, sm_scale_log2, p_smem,
                   alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
     """Online softmax of one page's scores; hands P (e4m3) and the row rescale factor to the PV warpgroups.
@@ -228,11 +240,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                                      l_i, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready,
                                                      p_free, KV_FORMAT)
                 if KV_FORMAT == FP8_ROPE_BF16:
-                    x = k_scale_smem.index(s).load(SCALE_LOAD).reshape([PAGE_SIZE, 2, 2])
-                    k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], col_l, assert_trivial=True)  # column 0
-                    if (blk + 1) * PAGE_SIZE > seqlen:  # slots past the end may hold NaN
-                        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, col_l)
-                        k_scale = gl.where(tok < seqlen, k_scale, 0.0)
+                    k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD, col_l)
                 else:
                     k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
                 if Q_FP8:
@@ -284,6 +292,18 @@ def _transpose_page(k_lat, vt, kv_ready, kv_empty, slot, valid, WG: gl.constexpr
 
 
 @gluon.jit
+def transpose_next(k_lat, vt, kv_ready, kv_empty, slot, meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_ok, t_len,
+                   t_hi, begin_req, end_req, WG: gl.constexpr):
+    """A PV warpgroup's transpose cursor (a page cursor, see hopper_common.advance): if it is on a page, that
+    page's V^T half into ring position `slot`'s buffer, and the cursor one page on."""
+    if t_ok:
+        _transpose_page(k_lat, vt, kv_ready, kv_empty, slot, t_len - t_blk * PAGE_SIZE, WG)
+        t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len, t_hi,
+                                                  begin_req, end_req)
+    return t_req, t_blk, t_ok, t_len, t_hi
+
+
+@gluon.jit
 def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
            S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
            WG: gl.constexpr):
@@ -295,11 +315,9 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
     R = H * S_Q
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
-    t_req, t_blk, t_ok, t_len, t_hi = part_start(meta_ptr, seqlens_ptr, max_pages, begin_req, end_req)
-    if t_ok:
-        _transpose_page(k_lat, vt, kv_ready, kv_empty, 0, t_len - t_blk * PAGE_SIZE, WG)
-        t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len, t_hi,
-                                                  begin_req, end_req)
+    t_req, t_blk, t_ok, t_len, t_hi = transpose_next(
+        k_lat, vt, kv_ready, kv_empty, 0, meta_ptr, seqlens_ptr, max_pages,
+        *part_start(meta_ptr, seqlens_ptr, max_pages, begin_req, end_req), begin_req, end_req, WG)
     it = 0
     n_req = 0
     for req in range(begin_req, end_req + 1):
@@ -311,10 +329,10 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
                 o = warpgroup_mma_wait(0, deps=[o])   # the previous page's P.V: its P and V^T buffers are free
                 if blk > lo:
                     mbarrier.arrive(p_free.index(1 - pb))
-                if t_ok:  # the next page's V^T, into the buffer that P.V just released
-                    _transpose_page(k_lat, vt, kv_ready, kv_empty, it + 1, t_len - t_blk * PAGE_SIZE, WG)
-                    t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len,
-                                                              t_hi, begin_req, end_req)
+                # the next page's V^T, into the buffer that P.V just released
+                t_req, t_blk, t_ok, t_len, t_hi = transpose_next(k_lat, vt, kv_ready, kv_empty, it + 1, meta_ptr,
+                                                                 seqlens_ptr, max_pages, t_req, t_blk, t_ok, t_len,
+                                                                 t_hi, begin_req, end_req, WG)
                 mbarrier.wait(p_ready.index(pb), (it // 2) & 1)
                 alpha = alpha_smem.index(pb).load(gl.SliceLayout(1, O_ACC))
                 o = warpgroup_mma(p_smem.index(pb), vt.index(2 * WG + pb).permute((1, 0)), o * alpha[:, None],
@@ -330,39 +348,41 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
 
 
 @gluon.jit
-def mla_decode_hopper_kernel(
-        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
-        block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
-        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
-        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
-    meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
-    q_lat = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, D_LATENT], LAT_SMEM)
+def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORMAT: gl.constexpr,
+                      Q_FP8: gl.constexpr):
+    """Shared memory of the FP8 kernels' operands (this kernel's and hopper_small's): q (latent e4m3; RoPE e4m3
+    or bf16), a ring of RING pages (latent, RoPE, fp8_rope_bf16's token scales), a bf16 copy of one page's e4m3
+    RoPE (fp8 cache with a bf16 q), V^T (2 halves x 2 pages). Unused operands alias a used one."""
+    q_lat = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_LATENT], LAT_SMEM)
     if Q_FP8:
-        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, D_ROPE], ROPE_FP8_SMEM)
+        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_ROPE], ROPE_FP8_SMEM)
     else:
-        q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_ROPE], ROPE_BF16_SMEM)
-    k_lat = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE_SIZE, D_LATENT], LAT_SMEM)
-    k_rope = gl.allocate_shared_memory(rope_desc.dtype, [STAGES, PAGE_SIZE, D_ROPE], rope_desc.layout)
+        q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_ROPE], ROPE_BF16_SMEM)
+    k_lat = gl.allocate_shared_memory(gl.float8e4nv, [RING, PAGE_SIZE, D_LATENT], LAT_SMEM)
+    k_rope = gl.allocate_shared_memory(rope_desc.dtype, [RING, PAGE_SIZE, D_ROPE], rope_desc.layout)
     if KV_FORMAT == FP8_ROPE_BF16:
-        k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, PAGE_SIZE, SCALE_COLS], SCALE_SMEM)
+        k_scale = gl.allocate_shared_memory(gl.float32, [RING, PAGE_SIZE, SCALE_COLS], SCALE_SMEM)
     else:
-        k_scale = k_rope  # unused
+        k_scale = k_rope
     if KV_FORMAT == FP8 and not Q_FP8:
         k_rope_bf16 = gl.allocate_shared_memory(gl.bfloat16, [PAGE_SIZE, D_ROPE], ROPE_BF16_SMEM)
     else:
-        k_rope_bf16 = q_rope  # unused
-    vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)   # 2 halves x 2 pages
-    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, PAGE_SIZE], P_SMEM)
-    alpha_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], VEC_SMEM)
-    norm_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
+        k_rope_bf16 = q_rope
+    vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)
+    return q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt
+
+
+@gluon.jit
+def init_barriers(RING: gl.constexpr):
+    """The FP8 kernels' mbarriers (the module docstring's handshakes), initialised."""
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)
+    kv_empty = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)
     p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
     p_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
     epi_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     epi_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(RING):
         mbarrier.init(kv_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=3)   # softmax WG after Q.K^T, each PV WG after its transpose
     for i in gl.static_range(2):
@@ -370,6 +390,22 @@ def mla_decode_hopper_kernel(
         mbarrier.init(p_free.index(i), count=2)
     mbarrier.init(epi_ready, count=1)
     mbarrier.init(epi_free, count=2)
+    return kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free
+
+
+@gluon.jit
+def mla_decode_hopper_kernel(
+        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
+        block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
+        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
+        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
+    meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
+    q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt = allocate_operands(BLOCK_M, STAGES, rope_desc, KV_FORMAT,
+                                                                              Q_FP8)
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, PAGE_SIZE], P_SMEM)
+    alpha_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], VEC_SMEM)
+    norm_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
+    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(STAGES)
 
     gl.warp_specialize([
         (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr,

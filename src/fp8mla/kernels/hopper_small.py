@@ -24,10 +24,11 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
-from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LOG2E,
-                        METADATA_WIDTH, PAGE_SIZE)
-from .hopper import (LAT_SMEM, ROPE_FP8_SMEM, SCALE_COLS, SCALE_SMEM, V_CHUNK, VT_SMEM, _load_page, _transpose_page)
-from .hopper_common import (HALF, LEFT, Q_LOAD, RIGHT, ROPE_BF16_SMEM, VEC_SMEM, advance, key_limits,
+from .constants import (BEGIN_REQ, D_LATENT, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LOG2E, METADATA_WIDTH,
+                        PAGE_SIZE)
+from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, init_barriers, token_scales,
+                     transpose_next)
+from .hopper_common import (HALF, LEFT, Q_LOAD, RIGHT, VEC_SMEM, key_limits,
                             load_cursor_start, load_cursor_step, load_q, part_start, request_range, softmax_epilogue,
                             split_slot)
 from .launcher import CachedLauncher
@@ -168,11 +169,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                                        m_i, l_acc, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem,
                                                        red, red_scale, p_ready, p_free, KV_FORMAT)
                 if KV_FORMAT == FP8_ROPE_BF16:
-                    x = k_scale_smem.index(s).load(SCALE_LOAD_T).reshape([PAGE_SIZE, 2, 2])
-                    k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], tok_l, assert_trivial=True)  # column 0
-                    if (blk + 1) * PAGE_SIZE > seqlen:  # slots past the end may hold NaN
-                        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, tok_l)
-                        k_scale = gl.where(tok < seqlen, k_scale, 0.0)
+                    k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD_T, tok_l)
                 else:
                     k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, tok_l)
                 if Q_FP8:
@@ -228,11 +225,9 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
     R = H * S_Q
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
-    t_req, t_blk, t_ok, t_len, t_hi = part_start(meta_ptr, seqlens_ptr, max_pages, begin_req, end_req)
-    if t_ok:
-        _transpose_page(k_lat, vt, kv_ready, kv_empty, 0, t_len - t_blk * PAGE_SIZE, WG)
-        t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len, t_hi,
-                                                  begin_req, end_req)
+    t_req, t_blk, t_ok, t_len, t_hi = transpose_next(
+        k_lat, vt, kv_ready, kv_empty, 0, meta_ptr, seqlens_ptr, max_pages,
+        *part_start(meta_ptr, seqlens_ptr, max_pages, begin_req, end_req), begin_req, end_req, WG)
     it = 0
     n_req = 0
     for req in range(begin_req, end_req + 1):
@@ -244,10 +239,9 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
                 o = warpgroup_mma_wait(0, deps=[o])
                 if blk > lo:
                     mbarrier.arrive(p_free.index(1 - pb))
-                if t_ok:
-                    _transpose_page(k_lat, vt, kv_ready, kv_empty, it + 1, t_len - t_blk * PAGE_SIZE, WG)
-                    t_req, t_blk, t_ok, t_len, t_hi = advance(meta_ptr, seqlens_ptr, max_pages, t_req, t_blk, t_len,
-                                                              t_hi, begin_req, end_req)
+                t_req, t_blk, t_ok, t_len, t_hi = transpose_next(k_lat, vt, kv_ready, kv_empty, it + 1, meta_ptr,
+                                                                 seqlens_ptr, max_pages, t_req, t_blk, t_ok, t_len,
+                                                                 t_hi, begin_req, end_req, WG)
                 mbarrier.wait(p_ready.index(pb), (it // 2) & 1)
                 alpha = alpha_smem.index(pb).load(gl.SliceLayout(0, OT))
                 o = warpgroup_mma(vt.index(2 * WG + pb), p_smem.index(pb).permute((1, 0)), o * alpha[None, :],
@@ -284,42 +278,14 @@ def mla_decode_hopper_small_kernel(
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
-    q_lat = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_LATENT], LAT_SMEM)
-    if Q_FP8:
-        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_ROPE], ROPE_FP8_SMEM)
-    else:
-        q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_ROPE], ROPE_BF16_SMEM)
-    k_lat = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE_SIZE, D_LATENT], LAT_SMEM)
-    k_rope = gl.allocate_shared_memory(rope_desc.dtype, [STAGES, PAGE_SIZE, D_ROPE], rope_desc.layout)
-    if KV_FORMAT == FP8_ROPE_BF16:
-        k_scale = gl.allocate_shared_memory(gl.float32, [STAGES, PAGE_SIZE, SCALE_COLS], SCALE_SMEM)
-    else:
-        k_scale = k_rope  # unused
-    if KV_FORMAT == FP8 and not Q_FP8:
-        k_rope_bf16 = gl.allocate_shared_memory(gl.bfloat16, [PAGE_SIZE, D_ROPE], ROPE_BF16_SMEM)
-    else:
-        k_rope_bf16 = q_rope  # unused
-    vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)   # 2 halves x 2 pages
+    q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt = allocate_operands(ROWS, STAGES, rope_desc, KV_FORMAT,
+                                                                              Q_FP8)
     p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, PAGE_SIZE], P_T_SMEM)
     alpha_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], VEC_SMEM)
     norm_smem = gl.allocate_shared_memory(gl.float32, [ROWS], VEC_SMEM)
     red = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], RED_SMEM)    # per page parity, warp: row maxima
     red_scale = gl.allocate_shared_memory(gl.float32, [2, 4], VEC_SMEM)    # ... and the largest token scale
-    bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
-    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-    epi_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    epi_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(kv_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=3)
-    for i in gl.static_range(2):
-        mbarrier.init(p_ready.index(i), count=1)
-        mbarrier.init(p_free.index(i), count=2)
-    mbarrier.init(epi_ready, count=1)
-    mbarrier.init(epi_free, count=2)
+    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(STAGES)
 
     gl.warp_specialize([
         (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr,
