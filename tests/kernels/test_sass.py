@@ -6,12 +6,14 @@ import sys
 
 import pytest
 
+from fp8mla.kernels.sass import instructions
+
 
 @pytest.fixture(scope="module")
 def portable_sass():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "fp8mla.kernels.sass"], env=env, check=True, capture_output=True,
-                         text=True, timeout=600).stdout
+    out = subprocess.run([sys.executable, "-m", "fp8mla.kernels.sass", "portable"], env=env, check=True,
+                         capture_output=True, text=True, timeout=600).stdout
     return {r["name"]: r for r in map(json.loads, out.splitlines())}
 
 
@@ -30,3 +32,15 @@ def test_portable_bf16_uses_bf16_wgmma(portable_sass):
 def test_combine_has_no_local_memory(portable_sass):
     r = portable_sass["combine"]
     assert r["stack"] == 0 and r["LDL"] == 0 and r["STL"] == 0
+
+
+def test_instructions_compare_programs_up_to_register_numbers():
+    """The refactor check (``--dump``): the same instructions with other registers and addresses compare equal,
+    another opcode or operand does not."""
+    a = ("        /*0010*/                   IMAD.U32 R134, RZ, RZ, UR10 ;   /* 0x0000000aff867e24 */\n"
+         "                                                                   /* 0x000fe2000f8e00ff */\n"
+         "        /*0020*/                   FMNMX R85, R70, R85, !PT ;      /* 0x0000005546557209 */\n")
+    b = a.replace("R134", "R136").replace("R85", "R12").replace("/*0020*/", "/*0030*/").replace("867e24", "887e24")
+    assert instructions(a) == instructions(b) == "IMAD.U32 R, RZ, RZ, UR10 ;\nFMNMX R, R, R, !PT ;\n"
+    assert instructions(a) != instructions(a.replace("FMNMX", "FADD"))
+    assert instructions(a) != instructions(a.replace("UR10", "UR11"))

@@ -2,7 +2,8 @@
 
 Used by the CPU tests (and by hand: ``python -m fp8mla.kernels.sass``) to prove that a kernel lowers to the
 instructions it is written for: QGMMA (FP8 wgmma), HGMMA (BF16 wgmma), UTMALDG (TMA loads), and that nothing
-spills to local memory (LDL/STL). It must run in a process without ``TRITON_INTERPRET``.
+spills to local memory (LDL/STL). It must run in a process without ``TRITON_INTERPRET``. A refactor that must not
+change the kernels: ``python -m fp8mla.kernels.sass hopper --dump A`` before, ``--dump B`` after, ``diff -r A B``.
 """
 from __future__ import annotations
 
@@ -141,10 +142,27 @@ def hopper_reports() -> list[SassReport]:
     return reports
 
 
-if __name__ == "__main__":
-    import json
-    import sys
+def instructions(sass: str) -> str:
+    """The SASS's instructions alone, one per line (no addresses, encodings or register numbers): two compiles
+    of a refactored kernel that print the same are the same program up to register allocation."""
+    lines = (re.match(r"\s*/\*[0-9a-f]+\*/\s*(.*?;)", line) for line in sass.splitlines())
+    return "\n".join(re.sub(r"\bR\d+\b", "R", m.group(1)) for m in lines if m) + "\n"
 
-    which = sys.argv[1:] or ["portable", "hopper"]
-    for r in (portable_reports() if "portable" in which else []) + (hopper_reports() if "hopper" in which else []):
+
+if __name__ == "__main__":
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="SASS summaries of the kernels, one JSON line each")
+    parser.add_argument("which", nargs="*", help="portable, hopper (default: both)")
+    parser.add_argument("--dump", metavar="DIR", help="also write each kernel's instructions() to DIR/NAME.sass "
+                        "(compare two trees' kernels with diff -r)")
+    args = parser.parse_args()
+    args.which = args.which or ["portable", "hopper"]
+    for r in (portable_reports() if "portable" in args.which else []) + \
+            (hopper_reports() if "hopper" in args.which else []):
         print(json.dumps(r.summary()))
+        if args.dump:
+            os.makedirs(args.dump, exist_ok=True)
+            with open(os.path.join(args.dump, re.sub(r"\W+", "_", r.name).strip("_") + ".sass"), "w") as f:
+                f.write(instructions(r.sass))
