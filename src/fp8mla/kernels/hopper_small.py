@@ -10,10 +10,10 @@ rows are the wgmma's N (16 or 32) and the 64 tokens of a page its M:
 Everything else is hopper.py's: the schedule, the softmax and two PV warpgroups and their handshakes, the TMA
 ring (three pages deep here: q takes 10-20 KB instead of 40), the V transposes; but the TMA loads come from a
 load warp of their own, off the softmax warpgroup's chain (the 128-register cap of a fourth warpgroup is no
-constraint with O^T at 32-64 registers). The softmax reduces over tokens, i.e. across
-the softmax warpgroup's four warps: they meet once per page, for the row maxima (and fp8_rope_bf16's largest
-token scale); the row sums stay per thread until the request's end. O^T's rows are V^T's permuted dims, so the
-epilogue stores each to its dim.
+constraint with O^T at 32-64 registers). The softmax reduces over tokens, i.e. across the softmax warpgroup's
+four warps: they meet once per page, for the row maxima (and fp8_rope_bf16's largest token scale); the row sums
+stay per thread until the request's end. O^T's rows are V^T's permuted dims, so the epilogue stores each to its
+dim.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from .launcher import CachedLauncher
 
 STAGES = gl.constexpr(3)     # KV pages in flight per CTA
 PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
-LOAD_REGS = gl.constexpr(24)
+LOAD_REGS = gl.constexpr(24)   # the load warp's (setmaxnreg's least)
 MAX_ROWS = 32                # calls with more query rows (s_q * h_q) use hopper.py
 P_T_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [ROWS, 64] e4m3
 RED_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # [4 warps, ROWS]
@@ -112,11 +112,10 @@ def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_acc, v_unit
 
 
 @gluon.jit
-def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr, stride_bt,
-                seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr,
-                sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale_smem, p_smem, alpha_smem,
-                norm_smem, red, red_scale, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
-                KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
+def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr,
+                lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope,
+                k_rope_bf16, k_scale_smem, p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty, p_ready,
+                p_free, epi_ready, epi_free, KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     ROWS: gl.constexpr = q_lat.shape[0]
     ST: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 32])
     ST_BF16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -288,11 +287,10 @@ def mla_decode_hopper_small_kernel(
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(STAGES)
 
     gl.warp_specialize([
-        (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr,
-                       stride_bt, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr,
-                       descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale,
-                       p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty, p_ready, p_free, epi_ready,
-                       epi_free, KV_FORMAT, Q_FP8, CAUSAL)),
+        (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr,
+                       lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope,
+                       k_rope_bf16, k_scale, p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty,
+                       p_ready, p_free, epi_ready, epi_free, KV_FORMAT, Q_FP8, CAUSAL)),
         (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
                   alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, LEFT)),
         (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
