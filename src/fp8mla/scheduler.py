@@ -112,10 +112,9 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
     if len(pages) <= parts:  # the alternative: request i alone in part i, nothing split (chosen on the device)
         whole = torch.zeros(parts, METADATA_WIDTH, **i64)
         req = torch.arange(parts, **i64)
-        used = req < len(pages)
-        used[:len(pages)] &= pages > 0
         own_pages = torch.zeros(parts, **i64)
         own_pages[:len(pages)] = pages
+        used = own_pages > 0
         whole[:, BEGIN_REQ] = torch.where(used, req, len(pages))
         whole[:, END_REQ] = torch.where(used, req, -1)
         whole[:, END_PAGE] = torch.where(used, own_pages, 0)

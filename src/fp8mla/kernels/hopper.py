@@ -140,14 +140,52 @@ def _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale, kv_ready
 
 
 @gluon.jit
-def token_scales(scale_tile, blk, seqlen, LOAD: gl.constexpr, TOK: gl.constexpr):
+def score_scale_log2(sm_scale_log2, descale_q_ptr, descale_k_ptr, KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr):
+    """The scores' exp2 scale: softmax_scale * log2(e), times the "fp8" format's per-tensor descales, which multiply
+    every score."""
+    if KV_FORMAT == FP8:
+        sm_scale_log2 = sm_scale_log2 * gl.load(descale_k_ptr)
+        if Q_FP8:
+            sm_scale_log2 = sm_scale_log2 * gl.load(descale_q_ptr)
+    return sm_scale_log2
+
+
+@gluon.jit
+def o_scale(v_unit, descale_k_ptr, KV_FORMAT: gl.constexpr):
+    """What O, accumulated from P in units of 1 / 448, is multiplied by at a request's end: the V scale (the "fp8"
+    format's per-tensor descale, or fp8_rope_bf16's current page unit) / 448."""
+    if KV_FORMAT == FP8:
+        scale = gl.load(descale_k_ptr) / FP8_MAX
+    else:
+        scale = v_unit / FP8_MAX
+    return scale
+
+
+@gluon.jit
+def rope_operand(k_rope_slot, k_rope_bf16, KV_FORMAT: gl.constexpr):
+    """A page's RoPE keys as the BF16 wgmma operand of a bf16 q_rope: the ring slot itself (fp8_rope_bf16 keeps
+    them bf16), or the "fp8" cache's e4m3 ones widened into k_rope_bf16."""
+    if KV_FORMAT == FP8:
+        k_rope_bf16.store(k_rope_slot.load(Q_LOAD).to(gl.bfloat16))
+        fence_async_shared()
+        src = k_rope_bf16
+    else:
+        src = k_rope_slot
+    return src
+
+
+@gluon.jit
+def token_scales(scale_tile, blk, seqlen, LOAD: gl.constexpr, TOK: gl.constexpr, KV_FORMAT: gl.constexpr):
     """fp8_rope_bf16: page blk's per-token scales (column 0 of its [64, SCALE_COLS] tile), read with LOAD straight
-    into TOK, the scores' token layout; 0 past the sequence's end, whose slots may hold NaN."""
-    x = scale_tile.load(LOAD).reshape([PAGE_SIZE, 2, 2])
-    k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], TOK, assert_trivial=True)
-    if (blk + 1) * PAGE_SIZE > seqlen:
-        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, TOK)
-        k_scale = gl.where(tok < seqlen, k_scale, 0.0)
+    into TOK, the scores' token layout; 0 past the sequence's end, whose slots may hold NaN. Other formats: 1."""
+    if KV_FORMAT == FP8_ROPE_BF16:
+        x = scale_tile.load(LOAD).reshape([PAGE_SIZE, 2, 2])
+        k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], TOK, assert_trivial=True)
+        if (blk + 1) * PAGE_SIZE > seqlen:
+            tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, TOK)
+            k_scale = gl.where(tok < seqlen, k_scale, 0.0)
+    else:
+        k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, TOK)
     return k_scale
 
 
@@ -185,10 +223,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
     col_l: gl.constexpr = gl.SliceLayout(0, S_FP8)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
     s_idx = rows // H
-    if KV_FORMAT == FP8:  # per-tensor scales multiply every score
-        sm_scale_log2 = sm_scale_log2 * gl.load(descale_k_ptr)
-        if Q_FP8:
-            sm_scale_log2 = sm_scale_log2 * gl.load(descale_q_ptr)
+    sm_scale_log2 = score_scale_log2(sm_scale_log2, descale_q_ptr, descale_k_ptr, KV_FORMAT, Q_FP8)
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries
@@ -225,12 +260,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 if Q_FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled per tensor afterwards
                     acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
                 else:  # BF16 RoPE product in its own accumulator, so both products run during the softmax
-                    if KV_FORMAT == FP8:  # the cache's RoPE part is e4m3: widen it to bf16 for the bf16 q_rope
-                        k_rope_bf16.store(k_rope.index(s).load(Q_LOAD).to(gl.bfloat16))
-                        fence_async_shared()
-                        rope_src = k_rope_bf16
-                    else:
-                        rope_src = k_rope.index(s)
+                    rope_src = rope_operand(k_rope.index(s), k_rope_bf16, KV_FORMAT)
                     acc_rope = warpgroup_mma(q_rope, rope_src.permute((1, 0)),
                                              gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16), use_acc=False,
                                              is_async=True)
@@ -239,10 +269,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                     m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, blk - 1, key_limit, min_key_limit, m_i,
                                                      l_i, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready,
                                                      p_free, KV_FORMAT)
-                if KV_FORMAT == FP8_ROPE_BF16:
-                    k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD, col_l)
-                else:
-                    k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
+                k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD, col_l, KV_FORMAT)
                 if Q_FP8:
                     acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
                 else:
@@ -265,12 +292,9 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                              it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
 
             # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
-            if KV_FORMAT == FP8:
-                o_scale = gl.load(descale_k_ptr) / FP8_MAX
-            else:
-                o_scale = v_unit / FP8_MAX
-            softmax_epilogue(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr,
-                             num_splits_ptr, lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req)
+            softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, R, H, S_Q,
+                             sm_scale_log2, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, norm_smem, epi_ready,
+                             epi_free, n_req)
             n_req += 1
 
 
@@ -473,14 +497,16 @@ def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_s
         from .hopper_bf16 import launch_hopper_bf16
         return launch_hopper_bf16(q, lat_desc, rope_desc, block_table, cache_seqlens, meta, num_splits, out, lse,
                                   o_part, lse_part, softmax_scale, causal)
-    from .hopper_small import launch_hopper_small, rows_per_cta
-    if rows_per_cta(s_q * h_q):  # few query rows: the transposed kernel, with no rows of padding to 64
-        return launch_hopper_small(q, (lat_desc, rope_desc, scale_desc), block_table, cache_seqlens, meta, num_splits,
-                                   out, lse, o_part, lse_part, descale_q, descale_k, softmax_scale, causal, kv_format)
-    grid = (meta.shape[0], -(-(s_q * h_q) // BLOCK_M))
+    from . import hopper_small
+    rows = s_q * h_q
     dummy = cache_seqlens  # never read: placeholders for absent scales
-    _launch(grid, (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
-                   block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta, num_splits,
-                   out, lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
-                   descale_k if descale_k is not None else dummy, softmax_scale * LOG2E.value, h_q, s_q),
-            dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != torch.bfloat16, CAUSAL=causal), num_warps=4)
+    args = (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
+            block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta, num_splits,
+            out, lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
+            descale_k if descale_k is not None else dummy, softmax_scale * LOG2E.value, h_q, s_q)
+    constexprs = dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != torch.bfloat16, CAUSAL=causal)
+    small_rows = hopper_small.rows_per_cta(rows)
+    if small_rows:  # few query rows: the transposed kernel (same parameters), with no rows of padding to 64
+        hopper_small._launch((meta.shape[0], 1), args, {**constexprs, "ROWS": small_rows}, num_warps=4)
+    else:
+        _launch((meta.shape[0], -(-rows // BLOCK_M)), args, constexprs, num_warps=4)

@@ -1,5 +1,5 @@
-"""What the two Hopper kernels (hopper.py: FP8 caches, hopper_bf16.py: bf16) share: the shapes of their three
-warpgroups' work, the page cursors that walk a part of the split-KV schedule (the TMA issuer's reads each
+"""What the Hopper kernels (hopper.py and hopper_small.py: FP8 caches, hopper_bf16.py: bf16) share: the shapes of
+their warpgroups' work, the page cursors that walk a part of the split-KV schedule (the TMA issuer's reads each
 block-table entry one load ahead), q into shared memory, the online softmax, and both warpgroups' ends of a
 request (lse, and O out of the PV warpgroups)."""
 from __future__ import annotations

@@ -17,18 +17,16 @@ dim.
 """
 from __future__ import annotations
 
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 
-from .constants import (BEGIN_REQ, D_LATENT, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LOG2E, METADATA_WIDTH,
-                        PAGE_SIZE)
-from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, init_barriers, token_scales,
-                     transpose_next)
-from .hopper_common import (HALF, LEFT, Q_LOAD, RIGHT, VEC_SMEM, key_limits,
+from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8_MAX, FP8_ROPE_BF16, METADATA_WIDTH, PAGE_SIZE
+from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, init_barriers, o_scale, rope_operand,
+                     score_scale_log2, token_scales, transpose_next)
+from .hopper_common import (HALF, LEFT, RIGHT, dim_bit as _d, token_bit as _t, VEC_SMEM, key_limits,
                             load_cursor_start, load_cursor_step, load_q, part_start, request_range, softmax_epilogue,
                             split_slot)
 from .launcher import CachedLauncher
@@ -42,9 +40,9 @@ RED_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
 # A page's [64 tokens, SCALE_COLS] scale tile, each token held by the threads that hold its score row in S^T
 # (wgmma accumulator: token bits 0-2 in lanes 2-4, bit 3 in a register, bits 4-5 in the warps), so the [64] scale
 # vector needs no layout conversion; the padding columns sit in registers and are never read.
-SCALE_LOAD_T = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[[0, 1], [0, 2], [8, 0]],
-                                                       lane_bases=[[0, 0], [0, 0], [1, 0], [2, 0], [4, 0]],
-                                                       warp_bases=[[16, 0], [32, 0]], block_bases=[],
+SCALE_LOAD_T = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(3)],
+                                                       lane_bases=[[0, 0], [0, 0], _t(0), _t(1), _t(2)],
+                                                       warp_bases=[_t(4), _t(5)], block_bases=[],
                                                        shape=[PAGE_SIZE, SCALE_COLS.value]))
 
 
@@ -125,10 +123,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
     R = H * S_Q
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, row_l)
     s_idx = rows // H
-    if KV_FORMAT == FP8:  # per-tensor scales multiply every score
-        sm_scale_log2 = sm_scale_log2 * gl.load(descale_k_ptr)
-        if Q_FP8:
-            sm_scale_log2 = sm_scale_log2 * gl.load(descale_q_ptr)
+    sm_scale_log2 = score_scale_log2(sm_scale_log2, descale_q_ptr, descale_k_ptr, KV_FORMAT, Q_FP8)
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     it = 0
@@ -153,12 +148,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                 if Q_FP8:
                     acc = warpgroup_mma(k_rope.index(s), q_rope.permute((1, 0)), acc, is_async=True)
                 else:
-                    if KV_FORMAT == FP8:
-                        k_rope_bf16.store(k_rope.index(s).load(Q_LOAD).to(gl.bfloat16))
-                        fence_async_shared()
-                        rope_src = k_rope_bf16
-                    else:
-                        rope_src = k_rope.index(s)
+                    rope_src = rope_operand(k_rope.index(s), k_rope_bf16, KV_FORMAT)
                     acc_rope = warpgroup_mma(rope_src, q_rope.permute((1, 0)),
                                              gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST_BF16), use_acc=False,
                                              is_async=True)
@@ -167,10 +157,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                     m_i, l_acc, v_unit = _softmax_page(prev_s, prev_scale, blk - 1, key_limit, min_key_limit,
                                                        m_i, l_acc, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem,
                                                        red, red_scale, p_ready, p_free, KV_FORMAT)
-                if KV_FORMAT == FP8_ROPE_BF16:
-                    k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD_T, tok_l)
-                else:
-                    k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, tok_l)
+                k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD_T, tok_l, KV_FORMAT)
                 if Q_FP8:
                     acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
                 else:
@@ -188,12 +175,9 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
             l_i = gl.sum(l_acc, axis=0)
 
             # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
-            if KV_FORMAT == FP8:
-                o_scale = gl.load(descale_k_ptr) / FP8_MAX
-            else:
-                o_scale = v_unit / FP8_MAX
-            softmax_epilogue(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr,
-                             num_splits_ptr, lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req)
+            softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, R, H, S_Q,
+                             sm_scale_log2, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, norm_smem, epi_ready,
+                             epi_free, n_req)
             n_req += 1
 
 
@@ -304,20 +288,7 @@ _launch = CachedLauncher(mla_decode_hopper_small_kernel)
 
 
 def rows_per_cta(rows: int) -> int | None:
-    """The kernel's N for a call with `rows` = s_q * h_q query rows, None if it is hopper.py's."""
+    """The kernel's N for a call with `rows` = s_q * h_q query rows, None if it is hopper.py's (whose
+    launch_hopper launches this kernel too, with the same arguments and ROWS)."""
     return 16 if rows <= 16 else 32 if rows <= MAX_ROWS else None
 
-
-def launch_hopper_small(q, descriptors, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
-                        descale_q, descale_k, softmax_scale, causal, kv_format):
-    _, s_q, h_q, _ = q.shape
-    lat_desc, rope_desc, scale_desc = descriptors
-    rows = rows_per_cta(s_q * h_q)
-    dummy = cache_seqlens
-    _launch((meta.shape[0], 1), (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
-                                 block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta,
-                                 num_splits, out, lse, o_part, lse_part,
-                                 descale_q if descale_q is not None else dummy,
-                                 descale_k if descale_k is not None else dummy, softmax_scale * LOG2E.value, h_q, s_q),
-            dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != torch.bfloat16, CAUSAL=causal, ROWS=rows),
-            num_warps=4)

@@ -125,18 +125,17 @@ def hopper_reports() -> list[SassReport]:
     for fmt, q_fp8 in [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)]:
         rope_type, rope_layout = rope[fmt]
         rope_desc = f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>"
-        sig = decode_signature(hopper.mla_decode_hopper_kernel, q_ptr="*fp8e4nv" if q_fp8 else "*bf16",
-                               lat_desc=f"tensordesc<fp8e4nv[64, 512],{hopper.LAT_SMEM.value!r}>",
-                               rope_desc=rope_desc,
-                               scale_desc=(f"tensordesc<fp32[64, {hopper.SCALE_COLS.value}],"
-                                           f"{hopper.SCALE_SMEM.value!r}>" if fmt == "fp8_rope_bf16" else rope_desc))
-        k = compile_sm90(hopper.mla_decode_hopper_kernel, sig,
-                         dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True), gluon=True,
-                         divisible=TYPICAL_DIVISIBLE, num_warps=4)
+        types = dict(q_ptr="*fp8e4nv" if q_fp8 else "*bf16",
+                     lat_desc=f"tensordesc<fp8e4nv[64, 512],{hopper.LAT_SMEM.value!r}>", rope_desc=rope_desc,
+                     scale_desc=(f"tensordesc<fp32[64, {hopper.SCALE_COLS.value}],{hopper.SCALE_SMEM.value!r}>"
+                                 if fmt == "fp8_rope_bf16" else rope_desc))
+        constexprs = dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True)
+        k = compile_sm90(hopper.mla_decode_hopper_kernel, decode_signature(hopper.mla_decode_hopper_kernel, **types),
+                         constexprs, gluon=True, divisible=TYPICAL_DIVISIBLE, num_warps=4)
         reports.append(sass_report(k, f"hopper[{fmt}{', fp8 q' if q_fp8 else ''}]"))
-        for rows in (16, 32):   # the small-rows kernel's two N
-            k = compile_sm90(hopper_small.mla_decode_hopper_small_kernel, {**sig, "ROWS": "constexpr"},
-                             dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True, ROWS=rows), gluon=True,
+        small = hopper_small.mla_decode_hopper_small_kernel   # the same parameters, and ROWS
+        for rows in (16, 32):   # its two N
+            k = compile_sm90(small, decode_signature(small, **types), {**constexprs, "ROWS": rows}, gluon=True,
                              divisible=TYPICAL_DIVISIBLE, num_warps=4)
             reports.append(sass_report(k, f"hopper_small{rows}[{fmt}{', fp8 q' if q_fp8 else ''}]"))
     return reports
