@@ -83,7 +83,11 @@ def test_vllm_flow(device):
                                           causal=True, descale_q=q_scale, descale_k=k_scale)
     kv = torch.full((4 * 64, 576), float("nan"), dtype=torch.bfloat16, device=device)
     kv[slots] = torch.cat([kv_c, k_pe], -1)
-    exact, exact_lse = reference_mla_decode(q.float() * q_scale, kv.view(4, 64, 1, 576), block_table, seqlens,
-                                            softmax_scale=0.1)
+    exact, _ = reference_mla_decode(q.float() * q_scale, kv.view(4, 64, 1, 576), block_table, seqlens,
+                                    softmax_scale=0.1)
     assert cal_diff(out.float(), exact)["cos_diff"] < 2.5e-3
-    assert torch.allclose(lse, exact_lse, atol=0.2)  # FP8 scores: as in tests/kernels/test_portable.py
+    # the lse against the values the call was given (e4m3 q and cache with their scales): the cache's quantization
+    # moves some rows' lse by more than 0.2 on random inputs, the kernel's own arithmetic does not
+    _, seen_lse = reference_mla_decode(q, kv_cache.view(torch.float8_e4m3fn).unsqueeze(-2), block_table, seqlens,
+                                       softmax_scale=0.1, descale_q=q_scale, descale_k=k_scale, kv_format="fp8")
+    assert torch.allclose(lse, seen_lse, atol=0.05)
