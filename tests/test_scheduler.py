@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fp8mla import get_mla_metadata
+from fp8mla import get_mla_metadata, scheduler
 from fp8mla.scheduler import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, COMBINE_ROWS_PER_PAGE, END_PAGE, END_REQ, FIXED_COST,
                               num_sm_parts)
 
@@ -80,6 +80,31 @@ def test_equal_requests_get_a_part_each_and_no_combine():
     # with 16 rows the combine is cheap: equal pieces (every request split in two) stay
     meta, num_splits = get_mla_metadata(torch.full((128,), 8192, dtype=torch.int32), 16, 1, num_parts=132)
     assert (num_splits[1:] - num_splits[:-1]).tolist() == [2] * 128
+
+
+def test_equal_requests_are_cut_into_aligned_pieces(monkeypatch):
+    """By default (132 SMs), a batch of equal lengths uses b * (parts // b) parts, so each request is cut into the
+    same number of pieces and no part holds two requests' ends; other batches and an explicit num_parts do not."""
+    monkeypatch.setattr(scheduler, "_sm_count", lambda device: 132)
+    full = lambda b, n: torch.full((b,), n, dtype=torch.int32)
+    meta, num_splits = get_mla_metadata(full(128, 8192), 16, 1)   # 132 parts: 128 used, one request each
+    assert meta.shape == (132, 8) and num_splits.tolist() == list(range(129))
+    assert meta[:128, BEGIN_REQ].tolist() == meta[:128, END_REQ].tolist() == list(range(128))
+    assert meta[128:, END_REQ].tolist() == [-1] * 4
+    for b, n in [(64, 8192), (8, 5000)]:   # two pieces a request on 128 parts; 16 pieces a request on 128
+        meta, num_splits = get_mla_metadata(full(b, n), 32, 1)
+        visits, pages = expand(meta, num_splits, full(b, n))
+        assert sorted((r, k) for _, r, k, _ in visits) == [(i, k) for i in range(b) for k in range(pages[0])]
+        assert (num_splits[1:] - num_splits[:-1]).tolist() == [128 // b] * b
+        assert (meta[:128, BEGIN_REQ] == meta[:128, END_REQ]).all() and (meta[128:, END_REQ] == -1).all()
+    uneven = full(128, 8192)
+    uneven[5] = 8000
+    meta, _ = get_mla_metadata(uneven, 16, 1)
+    assert int((meta[:, END_REQ] >= 0).sum()) == 132
+    meta, _ = get_mla_metadata(full(100, 8192), 16, 1)   # 100 parts would leave 24% of the SMs idle
+    assert int((meta[:, END_REQ] >= 0).sum()) == 132
+    meta, _ = get_mla_metadata(full(128, 8192), 16, 1, num_parts=132)
+    assert int((meta[:, END_REQ] >= 0).sum()) == 132
 
 
 def test_uneven_requests_still_split():

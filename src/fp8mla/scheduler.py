@@ -6,7 +6,11 @@ pieces; a piece that starts or ends inside a request splits it. A split request 
 results' round trip through memory, so when the batch has no more requests than parts and one request per part is
 not slower than the equal pieces plus that cost (``COMBINE_ROWS_PER_PAGE`` query rows merged per page of time), each
 request gets a part of its own and nothing is split (a batch of equal lengths, the common case, costs one part 2-3%
-more pages and saves the combine's traffic). Everything is computed with tensor ops on the device of
+more pages and saves the combine's traffic). A batch whose requests all have the same number of pages is cut
+by default (no ``num_parts`` given) into ``b * (num_parts // b)`` parts when that leaves at most ``ALIGN_SLACK`` of
+the parts empty: every request then splits into the same number of pieces and no part holds the end of one request
+and the start of the next (measured on the H200: 3-6% faster with 16 or 32 query rows, the same with 128).
+Everything is computed with tensor ops on the device of
 ``cache_seqlens``, with static output shapes and no host synchronisation, so it can be captured in a CUDA graph.
 
 ``tile_scheduler_metadata`` is ``[num_parts, METADATA_WIDTH]`` int32; part ``p`` covers, in order, the pages
@@ -31,6 +35,7 @@ METADATA_WIDTH = 8
 BEGIN_REQ, BEGIN_PAGE, END_REQ, END_PAGE, BEGIN_SPLIT = range(5)
 FIXED_COST = 2        # a split's overhead, in pages
 COMBINE_ROWS_PER_PAGE = 16  # query rows whose partial results the combine step merges in about a page's time
+ALIGN_SLACK = 0.04    # equal-length batches: the share of parts that may stay empty for aligned pieces
 ROWS_PER_BLOCK = 64   # query rows one program handles (num_parts keeps all row blocks inside one wave)
 DEFAULT_CPU_SMS = 4   # "SM" count used when scheduling for the Triton interpreter
 
@@ -66,13 +71,30 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
         raise ValueError(f"num_q_tokens_per_head_k must be >= 1, got {num_q_tokens_per_head_k}")
     device = cache_seqlens.device
     parts = num_parts or num_sm_parts(device, num_q_tokens_per_head_k, num_heads_k)
-    i64 = dict(dtype=torch.int64, device=device)
     if len(cache_seqlens) == 0:
         meta = torch.zeros(parts, METADATA_WIDTH, dtype=torch.int32, device=device)
         meta[:, END_REQ] = -1
         return meta, torch.zeros(1, dtype=torch.int32, device=device)
 
     pages = (cache_seqlens.to(torch.int64) + PAGE_SIZE - 1) // PAGE_SIZE
+    meta, num_splits = _schedule(pages, parts, num_q_tokens_per_head_k)
+    aligned = len(pages) * (parts // len(pages))
+    if num_parts is None and parts * (1 - ALIGN_SLACK) <= aligned < parts:
+        # requests of one length: each in parts // b equal pieces, the last few parts left empty
+        a_meta, a_splits = _schedule(pages, aligned, num_q_tokens_per_head_k)
+        empty = torch.zeros(parts - aligned, METADATA_WIDTH, dtype=torch.int64, device=device)
+        empty[:, BEGIN_REQ] = len(pages)
+        empty[:, END_REQ] = -1
+        equal = (pages == pages[0]).all()
+        meta = torch.where(equal, torch.cat([a_meta, empty]), meta)
+        num_splits = torch.where(equal, a_splits, num_splits)
+    return meta.to(torch.int32), num_splits.to(torch.int32)
+
+
+def _schedule(pages: torch.Tensor, parts: int, num_q_tokens_per_head_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The timeline cut into ``parts`` equal pieces (or, when that is not cheaper, one request per part):
+    (metadata [parts, METADATA_WIDTH], num_splits [b + 1]), int64."""
+    i64 = dict(dtype=torch.int64, device=pages.device)
     cost = pages + FIXED_COST * (pages > 0)
     end = torch.cumsum(cost, 0)
     start = end - cost
@@ -126,4 +148,4 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
         take_whole = cost.max() <= pieces_cost
         meta = torch.where(take_whole, whole, meta)
         num_splits = torch.where(take_whole, whole_splits, num_splits)
-    return meta.to(torch.int32), num_splits.to(torch.int32)
+    return meta, num_splits
