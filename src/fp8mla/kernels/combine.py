@@ -11,17 +11,18 @@ import triton.language as tl
 from .constants import D_LATENT
 from .launcher import CachedLauncher
 
-COMBINE_ROWS = 8  # query rows per program
+COMBINE_ROWS = 8   # query rows per program
+COMBINE_DIMS = 128  # output columns per program: a request with many splits and few rows still fills the SMs
 
 
 @triton.jit
 def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_ptr, H, S_Q,
-                       BLOCK_ROWS: tl.constexpr):
+                       BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
     req = tl.program_id(0)
     R = H * S_Q
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_ok = rows < R
-    d = tl.arange(0, D_LATENT)
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     split0 = tl.load(num_splits_ptr + req)
     n_splits = tl.load(num_splits_ptr + req + 1) - split0
     if n_splits != 1:
@@ -32,7 +33,7 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
         seen = lse_max > float("-inf")
         lse_max = tl.where(seen, lse_max, 0.0)
         total = tl.zeros([BLOCK_ROWS], tl.float32)
-        acc = tl.zeros([BLOCK_ROWS, D_LATENT], tl.float32)
+        acc = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)
         for j in range(n_splits):
             part_rows = (split0 + j).to(tl.int64) * R + rows
             w = tl.exp(tl.load(lse_part_ptr + part_rows, mask=row_ok, other=0.0) - lse_max)
@@ -43,7 +44,8 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
         lse = tl.where(seen, lse_max + tl.log(total), float("inf"))
         out_rows = out_ptr + (req.to(tl.int64) * R + rows) * D_LATENT
         tl.store(out_rows[:, None] + d[None, :], o.to(tl.bfloat16), mask=row_ok[:, None])
-        tl.store(lse_ptr + req.to(tl.int64) * R + (rows % H) * S_Q + rows // H, lse, mask=row_ok)
+        tl.store(lse_ptr + req.to(tl.int64) * R + (rows % H) * S_Q + rows // H, lse,
+                 mask=row_ok & (tl.program_id(2) == 0))
 
 
 _launch = CachedLauncher(mla_combine_kernel)
@@ -51,5 +53,6 @@ _launch = CachedLauncher(mla_combine_kernel)
 
 def launch_combine(out, lse, o_part, lse_part, num_splits):
     b, s_q, h_q, _ = out.shape
-    grid = (b, triton.cdiv(s_q * h_q, COMBINE_ROWS))
-    _launch(grid, (out, lse, o_part, lse_part, num_splits, h_q, s_q), dict(BLOCK_ROWS=COMBINE_ROWS), num_warps=4)
+    grid = (b, triton.cdiv(s_q * h_q, COMBINE_ROWS), D_LATENT // COMBINE_DIMS)
+    _launch(grid, (out, lse, o_part, lse_part, num_splits, h_q, s_q), dict(BLOCK_ROWS=COMBINE_ROWS,
+                                                                         BLOCK_D=COMBINE_DIMS), num_warps=4)
