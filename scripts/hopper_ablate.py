@@ -1,8 +1,9 @@
-"""Where the 64-row FP8 kernel's time goes: copies of kernels/hopper.py with one stage removed each (their results
-are wrong; they are only timed), against the working tree's, on the headline config (b=64 s_q=2 h_q=64, 8192
-tokens, causal; fp8_rope_bf16 and fp8 with an e4m3 q):
+"""Where a 64-row Hopper kernel's time goes: copies of it with one stage removed each (their results are wrong;
+they are only timed), against the working tree's, on the headline config (b=64 s_q=2 h_q=64, 8192 tokens,
+causal). ``--kernel fp8`` (kernels/hopper.py; fp8_rope_bf16 and fp8 with an e4m3 q) or ``--kernel bf16``
+(kernels/hopper_bf16.py):
 
-    PYTHONPATH=src python3 scripts/hopper_ablate.py [--out DIR]
+    PYTHONPATH=src python3 scripts/hopper_ablate.py [--kernel bf16] [--out DIR]
 
 Each ablation is a text substitution that must match the kernel exactly once (an error says which one no longer
 does). The copies go to DIR (a temporary folder by default) and are timed like ``hopper_check.py --variants``.
@@ -15,44 +16,66 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import hopper_check  # noqa: E402
 
-KERNEL = Path(__file__).parent.parent / "src" / "fp8mla" / "kernels" / "hopper.py"
+KERNELS = Path(__file__).parent.parent / "src" / "fp8mla" / "kernels"
 SOFTMAX = ("p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2)",
            "p, alpha, m_new, l_i = sc, gl.full_like(m_i, 1.0), m_i, l_i")
+RESCALE = ("o * alpha[:, None],", "o,")
 TRANSPOSE = ("""        if valid < PAGE_SIZE:
             _transpose_chunk(src, dst, valid, True)
         else:
             _transpose_chunk(src, dst, valid, False)
 """, "        pass\n")
-RESCALE = ("o * alpha[:, None],", "o,")
-ABLATIONS = {"no_softmax_math": [SOFTMAX], "no_transposes": [TRANSPOSE], "no_rescale": [RESCALE],
-             "none_of_the_three": [SOFTMAX, TRANSPOSE, RESCALE]}
+ROPE_QK = ("                acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)\n", "")
+# the bf16 kernel's copies are launched through hopper.py's descriptors, as launch_hopper does for "bf16"
+BF16_LAUNCH = '''
+
+SUPPORTED_FORMATS = ("bf16",)
 
 
-def write_ablations(folder: Path) -> list:
-    source = KERNEL.read_text()
+def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
+                  descale_q, descale_k, softmax_scale, causal):
+    from .hopper import _cache_descriptors
+    lat_desc, rope_desc, _ = _cache_descriptors(k_cache, kv_format)
+    return launch_hopper_bf16(q, lat_desc, rope_desc, block_table, cache_seqlens, meta, num_splits, out, lse, o_part,
+                              lse_part, softmax_scale, causal)
+'''
+SETUPS = {  # kernel: (source, timed formats, ablations, text appended to each copy)
+    "fp8": ("hopper.py", [("fp8_rope_bf16", False), ("fp8", True)],
+            {"no_softmax_math": [SOFTMAX], "no_transposes": [TRANSPOSE], "no_rescale": [RESCALE],
+             "none_of_the_three": [SOFTMAX, TRANSPOSE, RESCALE]}, ""),
+    "bf16": ("hopper_bf16.py", [("bf16", False)],
+             {"no_softmax_math": [SOFTMAX], "no_rescale": [RESCALE], "no_rope_qk": [ROPE_QK],
+              "none_of_the_three": [SOFTMAX, RESCALE, ROPE_QK]}, BF16_LAUNCH),
+}
+
+
+def write_ablations(folder: Path, kernel: str = "fp8") -> list:
+    source_name, _, ablations, appended = SETUPS[kernel]
+    source = (KERNELS / source_name).read_text()
     paths = []
-    for name, substitutions in ABLATIONS.items():
+    for name, substitutions in ablations.items():
         text = source
         for old, new in substitutions:
             if text.count(old) != 1:
-                raise SystemExit(f"{name}: the kernel no longer has exactly one {old.strip()[:60]!r}")
+                raise SystemExit(f"{name}: {source_name} no longer has exactly one {old.strip()[:60]!r}")
             text = text.replace(old, new)
-        path = folder / f"{name}.py"
-        path.write_text(text)
+        path = folder / f"{kernel}_{name}.py"
+        path.write_text(text + appended)
         paths.append(str(path))
     return paths
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", choices=sorted(SETUPS), default="fp8")
     parser.add_argument("--out", type=Path, help="where the ablated copies go")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     folder = args.out or Path(tempfile.mkdtemp())
     folder.mkdir(parents=True, exist_ok=True)
-    variants = hopper_check.load_variants(write_ablations(folder))
+    variants = hopper_check.load_variants(write_ablations(folder, args.kernel))
     hopper_check.TIMED = [hopper_check.TIMED[0]]
-    hopper_check.PATHS = [("fp8_rope_bf16", False), ("fp8", True)]
+    hopper_check.PATHS = SETUPS[args.kernel][1]
     hopper_check.time_variants(variants, args.rounds)
 
 

@@ -3,8 +3,14 @@ per SM (``num_parts`` given explicitly), on equal-length batches, with the outpu
 
     PYTHONPATH=src python3 scripts/schedule_ab.py
 
+or, with ``--parts N [N ...]``, against those part counts instead (e.g. fewer, longer pieces for a small batch;
+``--configs`` picks the configs as b,s_q,h_q triples):
+
+    PYTHONPATH=src python3 scripts/schedule_ab.py --configs 1,2,128 2,2,128 4,2,64 --parts 8 16 24
+
 Prints one markdown table (CUDA-graph medians of three alternating rounds).
 """
+import argparse
 import sys
 from pathlib import Path
 
@@ -22,24 +28,32 @@ FORMATS = [("fp8", True), ("fp8_rope_bf16", False), ("bf16", False)]   # (cache 
 
 
 def main():
-    print("| config | format | plain cut µs | default µs | default / plain |\n|---|---|---|---|---|")
-    for b, s_q, h_q in CONFIGS:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", nargs="+", help="b,s_q,h_q triples (8192 tokens each, causal)")
+    parser.add_argument("--parts", type=int, nargs="+", help="part counts to time against the default schedule")
+    args = parser.parse_args()
+    configs = [tuple(map(int, c.split(","))) for c in args.configs] if args.configs else CONFIGS
+    others = [f"{n} parts" for n in args.parts] if args.parts else ["plain cut"]
+    print("| config | format | default µs | " + " | ".join(f"{o} µs | default / {o}" for o in others) + " |\n"
+          + "|---" * (3 + 2 * len(others)) + "|")
+    for b, s_q, h_q in configs:
         p = make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0)
-        parts = num_sm_parts(torch.device("cuda"), s_q * h_q)
+        counts = args.parts or [num_sm_parts(torch.device("cuda"), s_q * h_q)]
         for kv_format, q_fp8 in FORMATS:
-            calls = {"plain": hopper_check.decode_call(p, kv_format, q_fp8, True, parts),
-                     "default": hopper_check.decode_call(p, kv_format, q_fp8, True, None)}
-            outs = {name: call()[0].float() for name, call in calls.items()}
-            d = cal_diff(outs["default"], outs["plain"])["cos_diff"]
-            # FP8 P is quantized against each piece's running max, so other pieces give slightly other bits
-            assert d < (1e-5 if kv_format == "bf16" else 2e-4), (b, s_q, h_q, kv_format, d)
+            calls = {"default": hopper_check.decode_call(p, kv_format, q_fp8, True, None)}
+            calls.update({o: hopper_check.decode_call(p, kv_format, q_fp8, True, n) for o, n in zip(others, counts)})
+            base = calls["default"]()[0].float()
+            for name in others:
+                d = cal_diff(calls[name]()[0].float(), base)["cos_diff"]
+                # FP8 P is quantized against each piece's running max, so other pieces give slightly other bits
+                assert d < (1e-5 if kv_format == "bf16" else 2e-4), (b, s_q, h_q, kv_format, name, d)
             times = {name: [] for name in calls}
             for _ in range(3):
                 for name, call in calls.items():
                     times[name].append(triton.testing.do_bench_cudagraph(call, rep=100, return_mode="median") * 1e3)
             med = {name: sorted(t)[1] for name, t in times.items()}
-            print(f"| b={b} s_q={s_q} h_q={h_q} ({parts} parts) | {kv_format} | {med['plain']:.1f} | "
-                  f"{med['default']:.1f} | {med['default'] / med['plain']:.3f} |", flush=True)
+            print(f"| b={b} s_q={s_q} h_q={h_q} | {kv_format} | {med['default']:.1f} | "
+                  + " | ".join(f"{med[o]:.1f} | {med['default'] / med[o]:.3f}" for o in others) + " |", flush=True)
 
 
 if __name__ == "__main__":

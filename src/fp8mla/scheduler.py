@@ -59,7 +59,8 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
 
     ``num_q_tokens_per_head_k`` is ``s_q * h_q // h_kv`` (the query rows that share one KV head) and
     ``num_heads_k`` must be 1 (MLA has one latent KV head). Build it once per step and reuse it for every
-    layer, as with FlashMLA.
+    layer, as with FlashMLA. ``num_parts`` (default: one per SM and row block) fixes the number of parts and
+    turns off the aligned cut of equal-length batches (module docstring).
     """
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:
         raise ValueError("cache_seqlens must be a 1-D tensor [batch]")
