@@ -3,11 +3,14 @@ import math
 import pytest
 import torch
 
+from fp8mla import scheduler
 from fp8mla.kernels.combine import launch_combine
 
 
+@pytest.mark.parametrize("sms", [4, 132])   # one batch of few rows: 1, 2 or 4 column slices per program
 @pytest.mark.parametrize("splits", [[0, 3, 1, 2], [5]])
-def test_combine_merges_by_lse(splits, device):
+def test_combine_merges_by_lse(splits, sms, device, monkeypatch):
+    monkeypatch.setattr(scheduler, "_sm_count", lambda device: sms)
     b, s_q, h_q = len(splits), 2, 16
     R = s_q * h_q
     num_splits = torch.tensor([0] + splits, device=device).cumsum(0).int()

@@ -8,11 +8,12 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from .. import scheduler
 from .constants import D_LATENT
 from .launcher import CachedLauncher
 
-COMBINE_ROWS = 8   # query rows per program
-COMBINE_DIMS = 128  # output columns per program: a request with many splits and few rows still fills the SMs
+COMBINE_ROWS = 8        # query rows per program
+MIN_COMBINE_DIMS = 128   # the narrowest slice of the 512 columns a program merges
 
 
 @triton.jit
@@ -53,6 +54,11 @@ _launch = CachedLauncher(mla_combine_kernel)
 
 def launch_combine(out, lse, o_part, lse_part, num_splits):
     b, s_q, h_q, _ = out.shape
-    grid = (b, triton.cdiv(s_q * h_q, COMBINE_ROWS), D_LATENT // COMBINE_DIMS)
-    _launch(grid, (out, lse, o_part, lse_part, num_splits, h_q, s_q), dict(BLOCK_ROWS=COMBINE_ROWS,
-                                                                         BLOCK_D=COMBINE_DIMS), num_warps=4)
+    row_blocks = triton.cdiv(s_q * h_q, COMBINE_ROWS)
+    # few (request, row block) programs, e.g. one request cut into many pieces: the columns are split too (up to
+    # 4 ways) so that the merge's reads come from enough SMs
+    slices = 1
+    while slices < D_LATENT // MIN_COMBINE_DIMS and b * row_blocks * slices < 2 * scheduler._sm_count(out.device):
+        slices *= 2
+    _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q),
+            dict(BLOCK_ROWS=COMBINE_ROWS, BLOCK_D=D_LATENT // slices), num_warps=4)

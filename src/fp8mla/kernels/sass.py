@@ -105,7 +105,7 @@ def portable_reports() -> list[SassReport]:
                          num_warps=8, num_stages=1)
         reports.append(sass_report(k, f"portable[{fmt}]"))
     k = compile_sm90(combine.mla_combine_kernel, decode_signature(combine.mla_combine_kernel),
-                     dict(BLOCK_ROWS=combine.COMBINE_ROWS, BLOCK_D=combine.COMBINE_DIMS), num_warps=4)
+                     dict(BLOCK_ROWS=combine.COMBINE_ROWS, BLOCK_D=combine.MIN_COMBINE_DIMS), num_warps=4)
     reports.append(sass_report(k, "combine"))
     return reports
 
