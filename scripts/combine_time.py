@@ -1,4 +1,4 @@
-"""What the combine step costs: the combine kernel alone (CUDA-graph median) on the partial results of the default
+"""What the combine step costs: the combine kernel alone (CUDA-graph median) on the FP8 formats' partial results of the default
 schedule, next to the whole call, for the bench's configs:
 
     PYTHONPATH=src python3 scripts/combine_time.py
@@ -13,6 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import hopper_check  # noqa: E402
 from fp8mla import get_mla_metadata  # noqa: E402
 from fp8mla.inputs import make_problem  # noqa: E402
+from fp8mla.kernels import partial_dtype  # noqa: E402
 from fp8mla.kernels.combine import launch_combine  # noqa: E402
 
 CONFIGS = [(128, 1, 16), (64, 2, 16), (64, 2, 64), (32, 2, 64), (8, 2, 64), (1, 2, 128)]
@@ -26,7 +27,7 @@ def main():
         meta, num_splits = get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
         per_req = (num_splits[1:] - num_splits[:-1]).tolist()
         rows = s_q * h_q
-        o_part = torch.randn(b + meta.shape[0], rows, 512, device="cuda")
+        o_part = torch.randn(b + meta.shape[0], rows, 512, device="cuda").to(partial_dtype("fp8"))
         lse_part = torch.randn(b + meta.shape[0], rows, device="cuda")
         out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(b, h_q, s_q, device="cuda")

@@ -7,15 +7,16 @@ from fp8mla import scheduler
 from fp8mla.kernels.combine import launch_combine
 
 
+@pytest.mark.parametrize("part_dtype", [torch.float32, torch.bfloat16])   # bf16 format, FP8 formats
 @pytest.mark.parametrize("sms", [4, 132])   # one batch of few rows: 1, 2 or 4 column slices per program
 @pytest.mark.parametrize("splits", [[0, 3, 1, 2], [5]])
-def test_combine_merges_by_lse(splits, sms, device, monkeypatch):
+def test_combine_merges_by_lse(splits, sms, part_dtype, device, monkeypatch):
     monkeypatch.setattr(scheduler, "_sm_count", lambda device: sms)
     b, s_q, h_q = len(splits), 2, 16
     R = s_q * h_q
     num_splits = torch.tensor([0] + splits, device=device).cumsum(0).int()
     total = int(num_splits[-1])
-    o_part = torch.randn(total, R, 512, device=device)
+    o_part = torch.randn(total, R, 512, device=device).to(part_dtype)
     lse_part = torch.randn(total, R, device=device) * 3
     lse_part[0, :5] = -math.inf          # a split in which some rows saw no key
     out = torch.full((b, s_q, h_q, 512), 7.0, dtype=torch.bfloat16, device=device)
@@ -28,7 +29,7 @@ def test_combine_merges_by_lse(splits, sms, device, monkeypatch):
         parts = slice(int(num_splits[i]), int(num_splits[i + 1]))
         ref_lse = torch.logsumexp(lse_part[parts], dim=0)                # [R], -inf if n == 0
         w = torch.exp(lse_part[parts] - ref_lse).nan_to_num(0.0)
-        ref_out = (w[..., None] * o_part[parts]).sum(0)
+        ref_out = (w[..., None] * o_part[parts].float()).sum(0)
         ref_lse = torch.where(torch.isinf(ref_lse), math.inf, ref_lse)
         assert torch.allclose(out[i].reshape(R, 512).float(), ref_out, atol=2e-2, rtol=1e-2)
         assert torch.allclose(lse[i].transpose(0, 1).reshape(R), ref_lse, atol=1e-5)

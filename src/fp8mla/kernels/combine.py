@@ -1,7 +1,7 @@
 """Combine step of split-KV decode: merges each request's partial results by their log-sum-exp.
 
 Requests with one split were written directly by the decode kernel and are skipped; requests with no key
-(seqlen 0) get out 0 and lse +inf here.
+(seqlen 0) get out 0 and lse +inf here. Partial O comes in bf16 or fp32 (``partial_dtype``), merged in fp32.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
         for j in range(n_splits):
             part_rows = (split0 + j).to(tl.int64) * R + rows
             w = tl.exp(tl.load(lse_part_ptr + part_rows, mask=row_ok, other=0.0) - lse_max)
-            o_j = tl.load(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], mask=row_ok[:, None], other=0.0)
+            o_j = tl.load(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], mask=row_ok[:, None],
+                          other=0.0).to(tl.float32)
             total += w
             acc += w[:, None] * o_j
         o = acc * tl.where(seen, 1.0 / total, 0.0)[:, None]

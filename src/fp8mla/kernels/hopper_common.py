@@ -213,8 +213,9 @@ def pv_epilogue(o, req, begin_req, R, meta_ptr, num_splits_ptr, out_ptr, o_part_
 
 @gluon.jit
 def _store_o(out_row, part_row, direct, o, norm, ok, VT_ORDER: gl.constexpr):
-    """This warpgroup's [64, 256] O times norm (per row): to out (bf16) if direct, else to its partial slot (fp32),
-    at X_row[row] + dim. One 32-column group a (column 32a + n) at a time, so few registers are in flight.
+    """This warpgroup's [64, 256] O times norm (per row): to out (bf16) if direct, else to its partial slot (bf16
+    for the FP8 formats, fp32 for bf16: the store casts), at X_row[row] + dim. One 32-column group a (column
+    32a + n) at a time, so few registers are in flight.
     VT_ORDER: O's columns are in V^T's permuted dim order (see _store_group)."""
     x = gl.permute(gl.reshape(o, [BLOCK_M, 2, 2, 2, 32]), (0, 4, 3, 2, 1))   # [row, n, a bit 0, bit 1, bit 2]
     x0, x1 = gl.split(x)

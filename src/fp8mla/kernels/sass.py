@@ -48,6 +48,14 @@ DECODE_TYPES = {"stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32", "blo
                 "H": "i32", "S_Q": "i32"}
 
 
+def _part_type(kv_format: str) -> str:
+    """The o_part_ptr type the decode kernels get for a cache format (kernels.partial_dtype)."""
+    import torch
+
+    from . import partial_dtype
+    return "*fp32" if partial_dtype(kv_format) == torch.float32 else "*bf16"
+
+
 def decode_signature(fn, **types) -> dict:
     """A decode kernel's signature for triton.compile, in its parameter order: ``types`` (q, cache or descriptors),
     then DECODE_TYPES; the remaining parameters are constexprs."""
@@ -99,14 +107,17 @@ def portable_reports() -> list[SassReport]:
     reports = []
     kv_types = {"bf16": "*bf16", "fp8": "*fp8e4nv", "fp8_rope_bf16": "*u8"}
     for fmt, code in portable.FORMAT_CODE.items():
-        sig = decode_signature(portable.mla_decode_split_kernel, q_ptr="*bf16", kv_ptr=kv_types[fmt])
+        sig = decode_signature(portable.mla_decode_split_kernel, q_ptr="*bf16", kv_ptr=kv_types[fmt],
+                               o_part_ptr=_part_type(fmt))
         k = compile_sm90(portable.mla_decode_split_kernel, sig,
                          dict(KV_FORMAT=code, Q_FP8=False, CAUSAL=True, BLOCK_M=64), divisible=TYPICAL_DIVISIBLE,
                          num_warps=8, num_stages=1)
         reports.append(sass_report(k, f"portable[{fmt}]"))
-    k = compile_sm90(combine.mla_combine_kernel, decode_signature(combine.mla_combine_kernel),
-                     dict(BLOCK_ROWS=combine.COMBINE_ROWS, BLOCK_D=combine.MIN_COMBINE_DIMS), num_warps=4)
-    reports.append(sass_report(k, "combine"))
+    for part_type, name in [("*fp32", "combine"), ("*bf16", "combine[bf16 partials]")]:
+        k = compile_sm90(combine.mla_combine_kernel,
+                         decode_signature(combine.mla_combine_kernel, o_part_ptr=part_type),
+                         dict(BLOCK_ROWS=combine.COMBINE_ROWS, BLOCK_D=combine.MIN_COMBINE_DIMS), num_warps=4)
+        reports.append(sass_report(k, name))
     return reports
 
 
@@ -125,7 +136,7 @@ def hopper_reports() -> list[SassReport]:
     for fmt, q_fp8 in [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)]:
         rope_type, rope_layout = rope[fmt]
         rope_desc = f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>"
-        types = dict(q_ptr="*fp8e4nv" if q_fp8 else "*bf16",
+        types = dict(q_ptr="*fp8e4nv" if q_fp8 else "*bf16", o_part_ptr=_part_type(fmt),
                      lat_desc=f"tensordesc<fp8e4nv[64, 512],{hopper.LAT_SMEM.value!r}>", rope_desc=rope_desc,
                      scale_desc=(f"tensordesc<fp32[64, {hopper.SCALE_COLS.value}],{hopper.SCALE_SMEM.value!r}>"
                                  if fmt == "fp8_rope_bf16" else rope_desc))
