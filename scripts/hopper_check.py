@@ -111,6 +111,16 @@ def check(cases, parts_list, variants) -> bool:
     return ok
 
 
+def alternating_medians(calls: dict, rounds: int) -> tuple[dict, dict]:
+    """({name: µs per round}, {name: median µs}) of no-argument calls timed in alternating rounds (CUDA-graph
+    medians), so drifts of the machine hit every call alike."""
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            times[name].append(triton.testing.do_bench_cudagraph(call, rep=100, return_mode="median") * 1e3)
+    return times, {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
+
+
 def time_variants(variants, rounds: int) -> None:
     """Median µs of each variant over alternating rounds, and its ratio to the working tree's (one run only)."""
     rows = []
@@ -121,14 +131,11 @@ def time_variants(variants, rounds: int) -> None:
                      if takes(launch, kv_format)}
             for call in calls.values():
                 call()
-            times = {name: [] for name in calls}
-            for _ in range(rounds):
-                for name, call in calls.items():
-                    times[name].append(triton.testing.do_bench_cudagraph(call, rep=100, return_mode="median") * 1e3)
+            times, medians = alternating_medians(calls, rounds)
             label = f"b={b} s_q={s_q} h_q={h_q} {kv_format}{' (e4m3 q)' if q_fp8 else ''}"
             print(f"time {label}: " + "; ".join(f"[{n}] " + " ".join(f"{t:.1f}" for t in ts)
                                                for n, ts in times.items()), flush=True)
-            rows.append((label, {n: sorted(ts)[len(ts) // 2] for n, ts in times.items()}))
+            rows.append((label, medians))
     names = list(variants)
     print("\n| config | " + " | ".join(f"{n} µs" for n in names) + "".join(f" | {n} / working tree" for n in names[1:])
           + " |\n|---" + "|---" * (2 * len(names) - 1) + "|")

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).parent))
 import hopper_check  # noqa: E402
@@ -47,11 +46,7 @@ def main():
                 d = cal_diff(calls[name]()[0].float(), base)["cos_diff"]
                 # FP8 P is quantized against each piece's running max, so other pieces give slightly other bits
                 assert d < (1e-5 if kv_format == "bf16" else 2e-4), (b, s_q, h_q, kv_format, name, d)
-            times = {name: [] for name in calls}
-            for _ in range(3):
-                for name, call in calls.items():
-                    times[name].append(triton.testing.do_bench_cudagraph(call, rep=100, return_mode="median") * 1e3)
-            med = {name: sorted(t)[1] for name, t in times.items()}
+            _, med = hopper_check.alternating_medians(calls, 3)
             print(f"| b={b} s_q={s_q} h_q={h_q} | {kv_format} | {med['default']:.1f} | "
                   + " | ".join(f"{med[o]:.1f} | {med['default'] / med[o]:.3f}" for o in others) + " |", flush=True)
 

@@ -78,31 +78,27 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
         return meta, torch.zeros(1, dtype=torch.int32, device=device)
 
     pages = (cache_seqlens.to(torch.int64) + PAGE_SIZE - 1) // PAGE_SIZE
-    meta, num_splits = _schedule(pages, parts, num_q_tokens_per_head_k)
+    pieces = parts   # how many parts the timeline is cut into; the others stay empty
     aligned = len(pages) * (parts // len(pages))
     if num_parts is None and parts * (1 - ALIGN_SLACK) <= aligned < parts:
         # requests of one length: each in parts // b equal pieces, the last few parts left empty
-        a_meta, a_splits = _schedule(pages, aligned, num_q_tokens_per_head_k)
-        empty = torch.zeros(parts - aligned, METADATA_WIDTH, dtype=torch.int64, device=device)
-        empty[:, BEGIN_REQ] = len(pages)
-        empty[:, END_REQ] = -1
-        equal = (pages == pages[0]).all()
-        meta = torch.where(equal, torch.cat([a_meta, empty]), meta)
-        num_splits = torch.where(equal, a_splits, num_splits)
+        pieces = torch.where((pages == pages[0]).all(), aligned, parts)
+    meta, num_splits = _schedule(pages, parts, pieces, num_q_tokens_per_head_k)
     return meta.to(torch.int32), num_splits.to(torch.int32)
 
 
-def _schedule(pages: torch.Tensor, parts: int, num_q_tokens_per_head_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The timeline cut into ``parts`` equal pieces (or, when that is not cheaper, one request per part):
-    (metadata [parts, METADATA_WIDTH], num_splits [b + 1]), int64."""
+def _schedule(pages: torch.Tensor, parts: int, pieces, num_q_tokens_per_head_k: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The timeline cut into ``pieces`` (an int or a 0-d tensor, <= parts) equal pieces, or, when that is not
+    cheaper, one request per part: (metadata [parts, METADATA_WIDTH], num_splits [b + 1]), int64."""
     i64 = dict(dtype=torch.int64, device=pages.device)
     cost = pages + FIXED_COST * (pages > 0)
     end = torch.cumsum(cost, 0)
     start = end - cost
     total = end[-1]
     p = torch.arange(parts + 1, **i64)
-    # equal pieces; with fewer pages than parts, one page a part and the empty parts last
-    bounds = torch.where(total >= parts, p * total // parts, torch.minimum(p, total))
+    # equal pieces; with fewer pages than parts, one page a part; the empty parts last
+    bounds = torch.minimum(torch.where(total >= pieces, p * total // pieces, p), total)
 
     def locate(pos):  # timeline position -> (request, page); overhead positions map to page == pages[req]
         req = torch.searchsorted(end, pos, right=True).clamp(max=len(pages) - 1)
@@ -145,7 +141,7 @@ def _schedule(pages: torch.Tensor, parts: int, num_q_tokens_per_head_k: int) -> 
         whole_splits[1:] = torch.cumsum((pages > 0).to(torch.int64), 0)
         any_split = (splits > 1).any()
         combine = -(-num_q_tokens_per_head_k // COMBINE_ROWS_PER_PAGE)
-        pieces_cost = -(-total // parts) + torch.where(any_split, combine, 0)
+        pieces_cost = -(-total // pieces) + torch.where(any_split, combine, 0)
         take_whole = cost.max() <= pieces_cost
         meta = torch.where(take_whole, whole, meta)
         num_splits = torch.where(take_whole, whole_splits, num_splits)

@@ -190,25 +190,39 @@ def token_scales(scale_tile, blk, seqlen, LOAD: gl.constexpr, TOK: gl.constexpr,
 
 
 @gluon.jit
-def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, pt, sm_scale_log2, p_smem,
-                  alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
-    """Online softmax of one page's scores; hands P (e4m3) and the row rescale factor to the PV warpgroups.
-    Returns the new (m, l, V unit)."""
-    p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2)
-    # P times each token's V scale, in units of the page's largest scale, so e4m3 keeps its whole range
+def hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready, p_free, TOKEN_AXIS: gl.constexpr,
+           KV_FORMAT: gl.constexpr):
+    """A page's P, as e4m3, and the rows' rescale factor to the PV warpgroups (P buffer pt % 2); returns the V unit
+    the page's P is in. P is times each token's V scale in units of the page's largest scale (scale_max), so e4m3
+    keeps its whole range; fp8 has one unit throughout. TOKEN_AXIS: p's token axis (1; 0 for hopper_small's P^T,
+    stored transposed): P goes to shared memory as [rows, tokens]."""
     if KV_FORMAT == FP8_ROPE_BF16:
-        page_unit = gl.maximum(gl.max(k_scale, axis=0), 1e-30)
-        p = p * (k_scale * (FP8_MAX / page_unit))[None, :]
+        page_unit = gl.maximum(scale_max, 1e-30)
+        p = p * gl.expand_dims(k_scale * (FP8_MAX / page_unit), 1 - TOKEN_AXIS)
     else:
         page_unit = v_unit
         p = p * FP8_MAX
     alpha = alpha * (v_unit / page_unit)
     pb = pt % 2
     mbarrier.wait(p_free.index(pb), ((pt // 2) & 1) ^ 1)
-    p_smem.index(pb).store(p.to(gl.float8e4nv))
+    p = p.to(gl.float8e4nv)
+    if TOKEN_AXIS == 0:
+        p = gl.permute(p, (1, 0))
+    p_smem.index(pb).store(p)
     alpha_smem.index(pb).store(alpha)
     fence_async_shared()
     mbarrier.arrive(p_ready.index(pb))
+    return page_unit
+
+
+@gluon.jit
+def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, pt, sm_scale_log2, p_smem,
+                  alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
+    """Online softmax of one page's scores; hands P and the row rescale factor to the PV warpgroups.
+    Returns the new (m, l, V unit)."""
+    p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2)
+    page_unit = hand_p(p, alpha, k_scale, gl.max(k_scale, axis=0), v_unit, pt, p_smem, alpha_smem, p_ready, p_free,
+                       1, KV_FORMAT)
     return m_new, l_i, page_unit
 
 

@@ -20,12 +20,12 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
-                                                              warpgroup_mma_init, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgroup_mma, warpgroup_mma_init,
+                                                              warpgroup_mma_wait)
 
-from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8_MAX, FP8_ROPE_BF16, METADATA_WIDTH, PAGE_SIZE
-from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, init_barriers, o_scale, rope_operand,
-                     score_scale_log2, token_scales, transpose_next)
+from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8_ROPE_BF16, METADATA_WIDTH, PAGE_SIZE
+from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, hand_p, init_barriers, o_scale,
+                     rope_operand, score_scale_log2, token_scales, transpose_next)
 from .hopper_common import (HALF, LEFT, RIGHT, dim_bit as _d, token_bit as _t, VEC_SMEM, key_limits,
                             load_cursor_start, load_cursor_step, load_q, part_start, request_range, softmax_epilogue,
                             split_slot)
@@ -93,19 +93,7 @@ def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_acc, v_unit
     p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2)[None, :])
     alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
     l_acc = l_acc * alpha[None, :] + p
-    if KV_FORMAT == FP8_ROPE_BF16:
-        page_unit = gl.maximum(scale_max, 1e-30)
-        p = p * (k_scale * (FP8_MAX / page_unit))[:, None]
-    else:
-        page_unit = v_unit
-        p = p * FP8_MAX
-    alpha = alpha * (v_unit / page_unit)
-    pb = pt % 2
-    mbarrier.wait(p_free.index(pb), ((pt // 2) & 1) ^ 1)
-    p_smem.index(pb).store(gl.permute(p.to(gl.float8e4nv), (1, 0)))
-    alpha_smem.index(pb).store(alpha)
-    fence_async_shared()
-    mbarrier.arrive(p_ready.index(pb))
+    page_unit = hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready, p_free, 0, KV_FORMAT)
     return m_new, l_acc, page_unit
 
 
