@@ -14,11 +14,12 @@ from .launcher import CachedLauncher
 
 COMBINE_ROWS = 8        # query rows per program
 MIN_COMBINE_DIMS = 128   # the narrowest slice of the 512 columns a program merges
+STEP_ELEMENTS = 8192     # partial-O elements a program loads per step (64 per thread of 4 warps)
 
 
 @triton.jit
 def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_ptr, H, S_Q,
-                       BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+                       BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, STEP_SPLITS: tl.constexpr):
     req = tl.program_id(0)
     R = H * S_Q
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -27,21 +28,32 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
     split0 = tl.load(num_splits_ptr + req)
     n_splits = tl.load(num_splits_ptr + req + 1) - split0
     if n_splits != 1:
+        # one pass over the pieces, STEP_SPLITS at a time, rescaling the running sums when a step raises a row's
+        # max; the step's loads are unrolled so they are in flight together (a loop over single pieces waits on
+        # each one: the combine of b=1 h_q=128 cut into 33 pieces took 11.6 µs that way, 8.0 µs like this)
         lse_max = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
-        for j in range(n_splits):
-            lse_j = tl.load(lse_part_ptr + (split0 + j).to(tl.int64) * R + rows, mask=row_ok, other=0.0)
-            lse_max = tl.maximum(lse_max, lse_j)
-        seen = lse_max > float("-inf")
-        lse_max = tl.where(seen, lse_max, 0.0)
         total = tl.zeros([BLOCK_ROWS], tl.float32)
         acc = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)
-        for j in range(n_splits):
-            part_rows = (split0 + j).to(tl.int64) * R + rows
-            w = tl.exp(tl.load(lse_part_ptr + part_rows, mask=row_ok, other=0.0) - lse_max)
-            o_j = tl.load(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], mask=row_ok[:, None],
-                          other=0.0).to(tl.float32)
-            total += w
-            acc += w[:, None] * o_j
+        for j0 in range(0, n_splits, STEP_SPLITS):
+            j = j0 + tl.arange(0, STEP_SPLITS)
+            ok = (j < n_splits)[:, None] & row_ok[None, :]
+            lse_step = tl.load(lse_part_ptr + (split0 + j).to(tl.int64)[:, None] * R + rows[None, :], mask=ok,
+                               other=float("-inf"))
+            new_max = tl.maximum(lse_max, tl.max(lse_step, axis=0))
+            base = tl.where(new_max > float("-inf"), new_max, 0.0)   # a row with no key so far: weights 0
+            alpha = tl.exp(lse_max - base)
+            total = total * alpha
+            acc = acc * alpha[:, None]
+            for k in tl.static_range(STEP_SPLITS):
+                part_rows = (split0 + j0 + k).to(tl.int64) * R + rows
+                ok_k = row_ok & (j0 + k < n_splits)
+                w = tl.exp(tl.load(lse_part_ptr + part_rows, mask=ok_k, other=float("-inf")) - base)
+                o_k = tl.load(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], mask=ok_k[:, None],
+                              other=0.0).to(tl.float32)
+                total += w
+                acc += w[:, None] * o_k
+            lse_max = new_max
+        seen = lse_max > float("-inf")
         o = acc * tl.where(seen, 1.0 / total, 0.0)[:, None]
         lse = tl.where(seen, lse_max + tl.log(total), float("inf"))
         out_rows = out_ptr + (req.to(tl.int64) * R + rows) * D_LATENT
@@ -53,6 +65,12 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
 _launch = CachedLauncher(mla_combine_kernel)
 
 
+def tile(slices: int) -> dict:
+    """The kernel's tile constants when the 512 columns are cut into ``slices``."""
+    return dict(BLOCK_ROWS=COMBINE_ROWS, BLOCK_D=D_LATENT // slices,
+                STEP_SPLITS=STEP_ELEMENTS * slices // (COMBINE_ROWS * D_LATENT))
+
+
 def launch_combine(out, lse, o_part, lse_part, num_splits):
     b, s_q, h_q, _ = out.shape
     row_blocks = triton.cdiv(s_q * h_q, COMBINE_ROWS)
@@ -61,5 +79,4 @@ def launch_combine(out, lse, o_part, lse_part, num_splits):
     slices = 1
     while slices < D_LATENT // MIN_COMBINE_DIMS and b * row_blocks * slices < 2 * scheduler._sm_count(out.device):
         slices *= 2
-    _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q),
-            dict(BLOCK_ROWS=COMBINE_ROWS, BLOCK_D=D_LATENT // slices), num_warps=4)
+    _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), tile(slices), num_warps=4)

@@ -103,6 +103,7 @@ def sass_report(compiled, name: str = "") -> SassReport:
 def portable_reports() -> list[SassReport]:
     """The portable decode kernel for every format, and the combine kernel."""
     from . import combine, portable
+    from .constants import D_LATENT
 
     reports = []
     kv_types = {"bf16": "*bf16", "fp8": "*fp8e4nv", "fp8_rope_bf16": "*u8"}
@@ -114,10 +115,11 @@ def portable_reports() -> list[SassReport]:
                          num_warps=8, num_stages=1)
         reports.append(sass_report(k, f"portable[{fmt}]"))
     for part_type, name in [("*fp32", "combine"), ("*bf16", "combine[bf16 partials]")]:
-        k = compile_sm90(combine.mla_combine_kernel,
-                         decode_signature(combine.mla_combine_kernel, o_part_ptr=part_type),
-                         dict(BLOCK_ROWS=combine.COMBINE_ROWS, BLOCK_D=combine.MIN_COMBINE_DIMS), num_warps=4)
-        reports.append(sass_report(k, name))
+        for slices in (1, int(D_LATENT // combine.MIN_COMBINE_DIMS)):   # the widest and the narrowest tile
+            k = compile_sm90(combine.mla_combine_kernel,
+                             decode_signature(combine.mla_combine_kernel, o_part_ptr=part_type),
+                             combine.tile(slices), num_warps=4)
+            reports.append(sass_report(k, name if slices == 1 else f"{name}[{slices} slices]"))
     return reports
 
 
