@@ -3,7 +3,7 @@ they are only timed), against the working tree's, on the headline config (b=64 s
 causal). ``--kernel fp8`` (kernels/hopper.py; fp8_rope_bf16 and fp8 with an e4m3 q) or ``--kernel bf16``
 (kernels/hopper_bf16.py):
 
-    PYTHONPATH=src python3 scripts/hopper_ablate.py [--kernel bf16] [--out DIR]
+    PYTHONPATH=src python3 scripts/hopper_ablate.py [--kernel bf16] [--config B,S_Q,H_Q] [--out DIR]
 
 Each ablation is a text substitution that must match the kernel exactly once (an error says which one no longer
 does). The copies go to DIR (a temporary folder by default) and are timed like ``hopper_check.py --variants``.
@@ -70,11 +70,12 @@ def main():
     parser.add_argument("--kernel", choices=sorted(SETUPS), default="fp8")
     parser.add_argument("--out", type=Path, help="where the ablated copies go")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--config", help="b,s_q,h_q instead of the headline 64,2,64")
     args = parser.parse_args()
     folder = args.out or Path(tempfile.mkdtemp())
     folder.mkdir(parents=True, exist_ok=True)
     variants = hopper_check.load_variants(write_ablations(folder, args.kernel))
-    hopper_check.TIMED = [hopper_check.TIMED[0]]
+    hopper_check.TIMED = [tuple(map(int, args.config.split(","))) if args.config else hopper_check.TIMED[0]]
     hopper_check.PATHS = SETUPS[args.kernel][1]
     hopper_check.time_variants(variants, args.rounds)
 
