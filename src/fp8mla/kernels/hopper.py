@@ -244,14 +244,15 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
     load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_start(
         meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req)
     loaded = 0
-    for i in gl.static_range(STAGES):
-        if load_ok:
-            _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty, load_page,
-                       loaded, KV_FORMAT)
-            loaded += 1
-            load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
-                meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
-                load_hi, begin_req, end_req)
+    # a loop with a run-time condition, so it is not unrolled: this once-per-CTA code runs from a cold instruction
+    # cache, once per copy
+    while (loaded < STAGES) & load_ok:
+        _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty, load_page,
+                   loaded, KV_FORMAT)
+        loaded += 1
+        load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+            meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
+            load_hi, begin_req, end_req)
     it = 0       # pages consumed (KV ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
     for req in range(begin_req, end_req + 1):

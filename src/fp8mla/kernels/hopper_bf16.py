@@ -124,13 +124,12 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
         load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_start(
             meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req)
         loaded = 0
-        for i in gl.static_range(STAGES):
-            if load_ok:
-                _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
-                loaded += 1
-                load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
-                    meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
-                    load_hi, begin_req, end_req)
+        while (loaded < STAGES) & load_ok:  # not unrolled (see hopper.py)
+            _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
+            loaded += 1
+            load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+                meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
+                load_hi, begin_req, end_req)
     it = 0
     n_req = 0
     for req in range(begin_req, end_req + 1):
