@@ -4,7 +4,6 @@ against the first, and all are timed in alternating rounds (CUDA-graph medians),
 
     PYTHONPATH=src python3 scripts/combine_ab.py /tmp/old.py src/fp8mla/kernels/combine.py
 """
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -17,16 +16,9 @@ from fp8mla import get_mla_metadata  # noqa: E402
 CONFIGS = [(1, 2, 128), (2, 2, 128), (8, 2, 64), (32, 2, 64), (64, 2, 16), (4, 1, 16)]
 
 
-def load(path: str, name: str):
-    """A copy of combine.py as a module of fp8mla.kernels (its relative imports resolve there)."""
-    spec = importlib.util.spec_from_file_location(f"fp8mla.kernels.{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def main():
-    versions = {f"{Path(p).stem}_{i}": load(p, f"_combine_ab_{i}") for i, p in enumerate(sys.argv[1:])}
+    versions = {f"{Path(p).stem}_{i}": hopper_check.load_module(p, f"_combine_ab_{i}")
+                for i, p in enumerate(sys.argv[1:])}
     names = list(versions)
     print("| config | partials | " + " | ".join(f"{n} µs" for n in names) + " | "
           + " | ".join(f"{n} / {names[0]}" for n in names[1:]) + " |\n" + "|---" * (1 + 2 * len(names)) + "|")

@@ -47,14 +47,20 @@ CASES = [(1, 16, [200, 0, 77], False), (2, 16, [300, 1000], True), (2, 64, [1000
 TIMED = [(64, 2, 64), (128, 1, 16)]   # b, s_q, h_q at 8192 tokens each, causal
 
 
+def load_module(path, name: str):
+    """A copy of one of fp8mla's kernel modules, imported as fp8mla.kernels.NAME (its relative imports work)."""
+    spec = importlib.util.spec_from_file_location(f"fp8mla.kernels.{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_variants(paths) -> dict:
     """{name: launcher}: the working tree's kernel, then one per file."""
     variants = {"working tree": hopper.launch_hopper}
     for path in paths:
         name = Path(path).stem
-        spec = importlib.util.spec_from_file_location(f"fp8mla.kernels.{name}", path)  # its relative imports work
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = load_module(path, name)
         variants[name] = module.launch_hopper
         variants[name].formats = module.SUPPORTED_FORMATS
     return variants

@@ -47,6 +47,7 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
             for k in tl.static_range(STEP_SPLITS):
                 part_rows = (split0 + j0 + k).to(tl.int64) * R + rows
                 ok_k = row_ok & (j0 + k < n_splits)
+                # the piece's lse again (a cache hit), in the rows' layout: cheaper than taking row k of lse_step
                 w = tl.exp(tl.load(lse_part_ptr + part_rows, mask=ok_k, other=float("-inf")) - base)
                 o_k = tl.load(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], mask=ok_k[:, None],
                               other=0.0).to(tl.float32)
@@ -76,7 +77,7 @@ def launch_combine(out, lse, o_part, lse_part, num_splits):
     row_blocks = triton.cdiv(s_q * h_q, COMBINE_ROWS)
     # few (request, row block) programs, e.g. one request cut into many pieces: the columns are split too (up to
     # 4 ways) so that the merge's reads come from enough SMs
-    slices = 1
-    while slices < D_LATENT // MIN_COMBINE_DIMS and b * row_blocks * slices < 2 * scheduler._sm_count(out.device):
+    slices, sms = 1, scheduler._sm_count(out.device)
+    while slices < D_LATENT // MIN_COMBINE_DIMS and b * row_blocks * slices < 2 * sms:
         slices *= 2
     _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), tile(slices), num_warps=4)

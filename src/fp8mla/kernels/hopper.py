@@ -392,7 +392,8 @@ def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORM
                       Q_FP8: gl.constexpr):
     """Shared memory of the FP8 kernels' operands (this kernel's and hopper_small's): q (latent e4m3; RoPE e4m3
     or bf16), a ring of RING pages (latent, RoPE, fp8_rope_bf16's token scales), a bf16 copy of one page's e4m3
-    RoPE (fp8 cache with a bf16 q), V^T (2 halves x 2 pages). Unused operands alias a used one."""
+    RoPE (fp8 cache with a bf16 q), V^T (2 halves x 2 pages), and the softmax warpgroup's handoffs: P as
+    [rows, tokens] and the rows' rescale factors (2 pages), the rows' 1 / l. Unused operands alias a used one."""
     q_lat = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_LATENT], LAT_SMEM)
     if Q_FP8:
         q_rope = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_ROPE], ROPE_FP8_SMEM)
@@ -409,7 +410,10 @@ def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORM
     else:
         k_rope_bf16 = q_rope
     vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)
-    return q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, PAGE_SIZE], P_SMEM)
+    alpha_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], VEC_SMEM)
+    norm_smem = gl.allocate_shared_memory(gl.float32, [ROWS], VEC_SMEM)
+    return q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem
 
 
 @gluon.jit
@@ -440,11 +444,8 @@ def mla_decode_hopper_kernel(
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
-    q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt = allocate_operands(BLOCK_M, STAGES, rope_desc, KV_FORMAT,
-                                                                              Q_FP8)
-    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, PAGE_SIZE], P_SMEM)
-    alpha_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M], VEC_SMEM)
-    norm_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
+    q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
+        BLOCK_M, STAGES, rope_desc, KV_FORMAT, Q_FP8)
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(STAGES)
 
     gl.warp_specialize([

@@ -36,7 +36,6 @@ STAGES = gl.constexpr(3)     # KV pages in flight per CTA
 PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
 LOAD_REGS = gl.constexpr(24)   # the load warp's (setmaxnreg's least)
 MAX_ROWS = 32                # calls with more query rows (s_q * h_q) use hopper.py
-P_T_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2))  # [ROWS, 64] e4m3
 RED_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # [4 warps, ROWS]
 # A page's [64 tokens, SCALE_COLS] scale tile, each token held by the threads that hold its score row in S^T
 # (wgmma accumulator: token bits 0-2 in lanes 2-4, bit 3 in a register, bits 4-5 in the warps), so the [64] scale
@@ -252,11 +251,8 @@ def mla_decode_hopper_small_kernel(
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
-    q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt = allocate_operands(ROWS, STAGES, rope_desc, KV_FORMAT,
-                                                                              Q_FP8)
-    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, PAGE_SIZE], P_T_SMEM)
-    alpha_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], VEC_SMEM)
-    norm_smem = gl.allocate_shared_memory(gl.float32, [ROWS], VEC_SMEM)
+    q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
+        ROWS, STAGES, rope_desc, KV_FORMAT, Q_FP8)
     red = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], RED_SMEM)    # per page parity, warp: row maxima
     red_scale = gl.allocate_shared_memory(gl.float32, [2, 4], VEC_SMEM)    # ... and the largest token scale
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(STAGES)
