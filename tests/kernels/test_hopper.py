@@ -39,13 +39,7 @@ def test_sass_small_rows_kernel_has_fp8_wgmma_and_tma(hopper_sass, variant):
     assert r["UTMALDG"] > 0
 
 
-SMALL_SPILLS = pytest.mark.xfail(strict=True, reason="known gap (issue 3): with 32 rows, under the 128 registers "
-                                 "per PV warpgroup that four warpgroups leave, ptxas spills one request-level value "
-                                 "(an STL before the page loop, an LDL after it)")
-
-
-@pytest.mark.parametrize("variant", [pytest.param(v, marks=SMALL_SPILLS) if v.startswith("hopper_small32") else v
-                                     for v in SMALL_VARIANTS])
+@pytest.mark.parametrize("variant", SMALL_VARIANTS)
 def test_sass_small_rows_kernel_has_no_local_memory(hopper_sass, variant):
     r = hopper_sass[variant]
     assert (r["stack"], r["LDL"], r["STL"]) == (0, 0, 0), r

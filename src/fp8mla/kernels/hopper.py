@@ -32,6 +32,7 @@ The handshakes (mbarriers; a waiter's phase is (position // buffers) & 1, positi
 from __future__ import annotations
 
 import torch
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -244,17 +245,18 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
     load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_start(
         meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req)
     loaded = 0
-    for i in gl.static_range(STAGES):
-        if load_ok:
-            _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty, load_page,
-                       loaded, KV_FORMAT)
-            loaded += 1
-            load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
-                meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
-                load_hi, begin_req, end_req)
+    # a loop with a run-time condition, so it is not unrolled: this once-per-CTA code runs from a cold instruction
+    # cache, once per copy
+    while (loaded < STAGES) & load_ok:
+        _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty, load_page,
+                   loaded, KV_FORMAT)
+        loaded += 1
+        load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+            meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
+            load_hi, begin_req, end_req)
     it = 0       # pages consumed (KV ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
-    for req in range(begin_req, end_req + 1):
+    for req in tl.range(begin_req, end_req + 1, disable_licm=True):  # nothing hoisted: fewer spilled values
         seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             q_scale = gl.convert_layout(
@@ -358,7 +360,7 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
         *part_start(meta_ptr, seqlens_ptr, max_pages, begin_req, end_req), begin_req, end_req, WG)
     it = 0
     n_req = 0
-    for req in range(begin_req, end_req + 1):
+    for req in tl.range(begin_req, end_req + 1, disable_licm=True):  # nothing hoisted: fewer spilled values
         seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             o = warpgroup_mma_init(gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC))

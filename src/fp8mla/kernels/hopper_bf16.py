@@ -21,6 +21,7 @@ Handshakes (as in hopper.py; P and alpha have one buffer, so their phase is the 
 """
 from __future__ import annotations
 
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -76,7 +77,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
     end_req = gl.load(meta_ptr + END_REQ)
     it = 0       # pages consumed (ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
-    for req in range(begin_req, end_req + 1):
+    for req in tl.range(begin_req, end_req + 1, disable_licm=True):  # see hopper.py
         seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, True)  # bf16 as it is
@@ -124,16 +125,15 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
         load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_start(
             meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req)
         loaded = 0
-        for i in gl.static_range(STAGES):
-            if load_ok:
-                _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
-                loaded += 1
-                load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
-                    meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
-                    load_hi, begin_req, end_req)
+        while (loaded < STAGES) & load_ok:  # not unrolled (see hopper.py)
+            _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
+            loaded += 1
+            load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
+                meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
+                load_hi, begin_req, end_req)
     it = 0
     n_req = 0
-    for req in range(begin_req, end_req + 1):
+    for req in tl.range(begin_req, end_req + 1, disable_licm=True):  # see hopper.py
         seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             o = gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC)

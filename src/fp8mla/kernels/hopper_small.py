@@ -18,6 +18,7 @@ dim.
 from __future__ import annotations
 
 import triton
+import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgroup_mma, warpgroup_mma_init,
@@ -200,7 +201,9 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
         *part_start(meta_ptr, seqlens_ptr, max_pages, begin_req, end_req), begin_req, end_req, WG)
     it = 0
     n_req = 0
-    for req in range(begin_req, end_req + 1):
+    # nothing hoisted out of the request loop: with 32 rows, under the 128 registers a PV warpgroup gets, a value
+    # kept across all requests was spilled to local memory
+    for req in tl.range(begin_req, end_req + 1, disable_licm=True):
         seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             o = warpgroup_mma_init(gl.zeros([HALF, ROWS], gl.float32, OT))
