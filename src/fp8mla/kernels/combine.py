@@ -14,7 +14,7 @@ from .launcher import CachedLauncher
 
 COMBINE_ROWS = 8        # query rows per program
 MIN_COMBINE_DIMS = 128   # the narrowest slice of the 512 columns a program merges
-STEP_ELEMENTS = 8192     # partial-O elements a program loads per step (64 per thread of 4 warps)
+STEP_ELEMENTS = 16384    # at most this many partial-O elements a program loads per step (128 per thread)
 
 
 @triton.jit
@@ -66,18 +66,21 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
 _launch = CachedLauncher(mla_combine_kernel)
 
 
-def tile(slices: int) -> dict:
-    """The kernel's tile constants when the 512 columns are cut into ``slices``."""
-    return dict(BLOCK_ROWS=COMBINE_ROWS, BLOCK_D=D_LATENT // slices,
-                STEP_SPLITS=STEP_ELEMENTS * slices // (COMBINE_ROWS * D_LATENT))
+def tile(slices: int, pieces: int) -> dict:
+    """The kernel's tile constants when the 512 columns are cut into ``slices`` and a split request has about
+    ``pieces`` pieces: a step loads them all if it can (no second step's wait), but not many more (masked loads)."""
+    step = min(triton.next_power_of_2(pieces), STEP_ELEMENTS * slices // (COMBINE_ROWS * D_LATENT))
+    return dict(BLOCK_ROWS=COMBINE_ROWS, BLOCK_D=D_LATENT // slices, STEP_SPLITS=max(step, 2))
 
 
 def launch_combine(out, lse, o_part, lse_part, num_splits):
     b, s_q, h_q, _ = out.shape
+    pieces = max(1, (o_part.shape[0] - b) // b)   # o_part has b + parts rows: about parts / b pieces per request
     row_blocks = triton.cdiv(s_q * h_q, COMBINE_ROWS)
     # few (request, row block) programs, e.g. one request cut into many pieces: the columns are split too (up to
     # 4 ways) so that the merge's reads come from enough SMs
     slices, sms = 1, scheduler._sm_count(out.device)
     while slices < D_LATENT // MIN_COMBINE_DIMS and b * row_blocks * slices < 2 * sms:
         slices *= 2
-    _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), tile(slices), num_warps=4)
+    _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), tile(slices, pieces),
+            num_warps=4)
