@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import hopper_check  # noqa: E402
 from fp8mla import get_mla_metadata  # noqa: E402
 
-CONFIGS = [(1, 2, 128), (2, 2, 128), (8, 2, 64), (32, 2, 64), (64, 2, 16), (4, 1, 16)]
+CONFIGS = [(1, 2, 128), (1, 2, 64), (2, 2, 128), (8, 2, 64), (32, 2, 64), (64, 2, 16), (4, 1, 16)]
 
 
 def main():
