@@ -8,12 +8,12 @@ rows are the wgmma's N (16 or 32) and the 64 tokens of a page its M:
   O^T [512 dims, ROWS] += V^T [512, 64] . P^T      (V^T as hopper.py's transposes build it, now the A operand)
 
 Everything else is hopper.py's: the schedule, the softmax and two PV warpgroups and their handshakes, the TMA
-ring (three pages deep here: q takes 10-20 KB instead of 40), the V transposes; but the TMA loads come from a
-load warp of their own, off the softmax warpgroup's chain (the 128-register cap of a fourth warpgroup is no
-constraint with O^T at 32-64 registers). The softmax reduces over tokens, i.e. across the softmax warpgroup's
-four warps: they meet once per page, for the row maxima (and fp8_rope_bf16's largest token scale); the row sums
-stay per thread until the request's end. O^T's rows are V^T's permuted dims, so the epilogue stores each to its
-dim.
+ring (three or four pages deep here, ring_pages: q takes 10-20 KB instead of 40), the V transposes; but the TMA
+loads come from a load warp of their own, off the softmax warpgroup's chain (the 128-register cap of a fourth
+warpgroup is no constraint with O^T at 32-64 registers). The softmax reduces over tokens, i.e. across the softmax
+warpgroup's four warps: they meet once per page, for the row maxima (and fp8_rope_bf16's largest token scale);
+the row sums stay per thread until the request's end. O^T's rows are V^T's permuted dims, so the epilogue stores
+each to its dim.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgroup_mma, warpgroup_mma_init,
                                                               warpgroup_mma_wait)
 
-from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8_ROPE_BF16, METADATA_WIDTH, PAGE_SIZE
+from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8, FP8_ROPE_BF16, METADATA_WIDTH, PAGE_SIZE
 from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, hand_p, init_barriers, o_scale,
                      rope_operand, score_scale_log2, token_scales, transpose_next)
 from .hopper_common import (HALF, LEFT, RIGHT, dim_bit as _d, token_bit as _t, VEC_SMEM, key_limits,
@@ -32,7 +32,6 @@ from .hopper_common import (HALF, LEFT, RIGHT, dim_bit as _d, token_bit as _t, V
                             split_slot)
 from .launcher import CachedLauncher
 
-STAGES = gl.constexpr(3)     # KV pages in flight per CTA
 PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
 LOAD_REGS = gl.constexpr(24)   # the load warp's (setmaxnreg's least)
 MAX_ROWS = 32                # calls with more query rows (s_q * h_q) use hopper.py
@@ -44,6 +43,13 @@ SCALE_LOAD_T = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), 
                                                        lane_bases=[[0, 0], [0, 0], _t(0), _t(1), _t(2)],
                                                        warp_bases=[_t(4), _t(5)], block_bases=[],
                                                        shape=[PAGE_SIZE, SCALE_COLS.value]))
+
+
+@triton.constexpr_function
+def ring_pages(rows, kv_format, q_fp8):
+    """KV pages in flight per CTA: 4 where they fit in shared memory (16 rows of an e4m3 q with the fp8 cache:
+    220 KB), else 3."""
+    return 4 if rows == 16 and q_fp8 and kv_format == FP8 else 3
 
 
 @triton.constexpr_function
@@ -103,6 +109,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                 k_rope_bf16, k_scale_smem, p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty, p_ready,
                 p_free, epi_ready, epi_free, KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     ROWS: gl.constexpr = q_lat.shape[0]
+    RING: gl.constexpr = k_lat.shape[0]
     ST: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 32])
     ST_BF16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                       instr_shape=[16, ROWS, 16])
@@ -129,8 +136,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
             prev_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, tok_l)
             for blk in range(lo, hi):
                 # ---- S^T = k_lat.q_lat^T * scales + k_rope.q_rope^T for this page ... ----
-                s = it % STAGES
-                mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
+                s = it % RING
+                mbarrier.wait(kv_ready.index(s), (it // RING) & 1)
                 acc = warpgroup_mma(k_lat.index(s), q_lat.permute((1, 0)),
                                     gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST), use_acc=False, is_async=True)
                 if Q_FP8:
@@ -252,10 +259,10 @@ def mla_decode_hopper_small_kernel(
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
-        ROWS, STAGES, rope_desc, KV_FORMAT, Q_FP8)
+        ROWS, ring_pages(ROWS, KV_FORMAT, Q_FP8), rope_desc, KV_FORMAT, Q_FP8)
     red = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], RED_SMEM)    # per page parity, warp: row maxima
     red_scale = gl.allocate_shared_memory(gl.float32, [2, 4], VEC_SMEM)    # ... and the largest token scale
-    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(STAGES)
+    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(k_lat.shape[0])
 
     gl.warp_specialize([
         (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr,
