@@ -222,8 +222,11 @@ def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, 
     """Online softmax of one page's scores; hands P and the row rescale factor to the PV warpgroups.
     Returns the new (m, l, V unit)."""
     p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2)
-    page_unit = hand_p(p, alpha, k_scale, gl.max(k_scale, axis=0), v_unit, pt, p_smem, alpha_smem, p_ready, p_free,
-                       1, KV_FORMAT)
+    if KV_FORMAT == FP8_ROPE_BF16:
+        scale_max = gl.max(k_scale, axis=0)
+    else:
+        scale_max = 1.0   # hand_p keeps one unit throughout
+    page_unit = hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready, p_free, 1, KV_FORMAT)
     return m_new, l_i, page_unit
 
 
