@@ -29,8 +29,8 @@ def test_portable_bf16_uses_bf16_wgmma(portable_sass):
     assert r["HGMMA"] > 0 and r["QGMMA"] == 0
 
 
-@pytest.mark.parametrize("name", ["combine", "combine[4 slices]", "combine[bf16 partials]",
-                                  "combine[bf16 partials][4 slices]"])
+@pytest.mark.parametrize("name", ["combine", "combine[8 slices]", "combine[bf16 partials]",
+                                  "combine[bf16 partials][8 slices]"])
 def test_combine_has_no_local_memory(portable_sass, name):
     r = portable_sass[name]
     assert r["stack"] == 0 and r["LDL"] == 0 and r["STL"] == 0

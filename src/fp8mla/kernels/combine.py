@@ -13,7 +13,7 @@ from .constants import D_LATENT
 from .launcher import CachedLauncher
 
 COMBINE_ROWS = 8        # query rows per program
-MIN_COMBINE_DIMS = 128   # the narrowest slice of the 512 columns a program merges
+MIN_COMBINE_DIMS = 64    # the narrowest slice of the 512 columns a program merges
 STEP_ELEMENTS = 16384    # at most this many partial-O elements a program loads per step (128 per thread)
 
 
@@ -79,9 +79,11 @@ def launch_combine(out, lse, o_part, lse_part, num_splits):
     pieces = max(1, (o_part.shape[0] - b) // b)   # o_part has b + parts rows: about parts / b pieces per request
     row_blocks = triton.cdiv(s_q * h_q, COMBINE_ROWS)
     # few (request, row block) programs, e.g. one request cut into many pieces: the columns are split too (up to
-    # 4 ways) so that the merge's reads come from enough SMs
+    # 4 ways) so that the merge's reads come from enough SMs; 8 ways if that leaves most SMs idle still
     slices, sms = 1, scheduler._sm_count(out.device)
-    while slices < D_LATENT // MIN_COMBINE_DIMS and b * row_blocks * slices < 2 * sms:
+    while slices < 4 and b * row_blocks * slices < 2 * sms:
         slices *= 2
+    if 2 * b * row_blocks * slices <= sms:
+        slices = D_LATENT // MIN_COMBINE_DIMS
     _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), tile(slices, pieces),
             num_warps=4)
