@@ -74,16 +74,28 @@ def tile(slices: int, pieces: int) -> dict:
     return dict(BLOCK_ROWS=COMBINE_ROWS, BLOCK_D=D_LATENT // slices, STEP_SPLITS=max(step, 2))
 
 
-def launch_combine(out, lse, o_part, lse_part, num_splits):
-    b, s_q, h_q, _ = out.shape
-    pieces = max(1, (o_part.shape[0] - b) // b)   # o_part has b + parts rows: about parts / b pieces per request
-    row_blocks = triton.cdiv(s_q * h_q, COMBINE_ROWS)
+def plan(b: int, rows: int, parts: int, sms: int) -> tuple[int, dict]:
+    """(slices of the 512 columns, tile constants) that merge the partial results of ``b`` requests of ``rows``
+    query rows after a schedule of ``parts`` parts on ``sms`` SMs."""
+    row_blocks = triton.cdiv(rows, COMBINE_ROWS)
     # few (request, row block) programs, e.g. one request cut into many pieces: the columns are split too (up to
     # 4 ways) so that the merge's reads come from enough SMs; 8 ways if that leaves most SMs idle still
-    slices, sms = 1, scheduler._sm_count(out.device)
+    slices = 1
     while slices < 4 and b * row_blocks * slices < 2 * sms:
         slices *= 2
     if 2 * b * row_blocks * slices <= sms:
         slices = D_LATENT // MIN_COMBINE_DIMS
-    _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), tile(slices, pieces),
-            num_warps=4)
+    return slices, tile(slices, max(1, parts // b))   # about parts / b pieces a request
+
+
+def step_splits(b: int, rows: int, parts: int, sms: int) -> int:
+    """How many pieces of a request one step of the combine merges (the scheduler's cut fits whole steps)."""
+    return int(plan(b, rows, parts, sms)[1]["STEP_SPLITS"])
+
+
+def launch_combine(out, lse, o_part, lse_part, num_splits):
+    b, s_q, h_q, _ = out.shape
+    parts = o_part.shape[0] - b   # o_part has b + parts rows
+    slices, consts = plan(b, s_q * h_q, parts, scheduler._sm_count(out.device))
+    row_blocks = triton.cdiv(s_q * h_q, COMBINE_ROWS)
+    _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), consts, num_warps=4)
