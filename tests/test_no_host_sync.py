@@ -55,15 +55,17 @@ def _guard(name, original, syncs=lambda args, kwargs: True):
     return guarded
 
 
-def _is_mask(index) -> bool:
+def _index_syncs(index) -> bool:
+    """A boolean mask index is a nonzero() in disguise; a 0-d integer tensor index is read as a Python int."""
     items = index if isinstance(index, tuple) else (index,)
-    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in items)
+    return any(isinstance(i, torch.Tensor) and (i.dtype in (torch.bool, torch.uint8)
+                                                or (i.dim() == 0 and not i.is_floating_point())) for i in items)
 
 
 def _guard_indexing(name, original):
     def guarded(self, index, *rest):
-        if _is_mask(index) and _caller_is_fp8mla():  # a boolean mask index is a nonzero() in disguise
-            raise HostSync(f"host synchronisation: boolean-mask {name} called from fp8mla")
+        if _index_syncs(index) and _caller_is_fp8mla():
+            raise HostSync(f"host synchronisation: mask or 0-d tensor index in {name} called from fp8mla")
         return original(self, index, *rest)
     return guarded
 
@@ -132,3 +134,12 @@ def test_compat_step_has_no_host_sync(device):
         meta, splits = get_mla_metadata_dense_fp8(p.cache_seqlens, 32, 1)
         flash_mla_with_kvcache_fp8(q, kv_cache.view(torch.float8_e4m3fn).unsqueeze(-2), p.block_table,
                                    p.cache_seqlens, 512, meta, splits, None, True, descale_q, descale_k)
+
+
+def test_metadata_of_equal_requests_has_no_host_sync(device, monkeypatch):
+    """The default cut of equal-length requests (pieces fitted to the combine's steps) stays on the device."""
+    from fp8mla import scheduler
+    monkeypatch.setattr(scheduler, "_sm_count", lambda device: 132)
+    with no_host_sync():
+        meta, splits = get_mla_metadata(torch.full((1,), 8192, dtype=torch.int32, device=device), 128, 1)
+    assert splits.tolist() == [0, 64]

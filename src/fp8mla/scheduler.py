@@ -100,7 +100,7 @@ def _pieces_per_request(pages: torch.Tensor, most: int, step: int) -> torch.Tens
     n = torch.arange(most, 0, -1, device=pages.device)   # the candidates, most pieces first
     splits = -(-n * pages // cost)   # pieces that start before the request's overhead positions
     t = -(-cost // n) + COMBINE_STEP_PAGES * -(-splits // step)
-    return n[torch.where(n <= cost, t, t.max() + 1).argmin()]
+    return most - torch.where(n <= cost, t, t.max() + 1).argmin()   # (not n[...]: a 0-d index is read back)
 
 
 def _schedule(pages: torch.Tensor, parts: int, pieces, num_q_tokens_per_head_k: int
