@@ -11,8 +11,9 @@ by default (no ``num_parts`` given) into at most ``b * (num_parts // b)`` parts 
 ``ALIGN_SLACK`` of the parts empty: every request then splits into the same number of pieces and no part holds the
 end of one request and the start of the next (measured on the H200 for b = 4-128: 2-9% faster with the FP8
 formats, ~1% with bf16; b=64 with 128 rows already gets a request per part). Small batches of long requests get
-fewer pieces still where that saves the combine a step (``_pieces_per_request``; b=1-4: up to 1.29x). Everything is computed with tensor ops on the device of
-``cache_seqlens``, with static output shapes and no host synchronisation, so it can be captured in a CUDA graph.
+fewer pieces still where that saves the combine a step (``_pieces_per_request``; b=1-4: up to 1.29x faster).
+Everything is computed with tensor ops on the device of ``cache_seqlens``, with static output shapes and no host
+synchronisation, so it can be captured in a CUDA graph.
 
 ``tile_scheduler_metadata`` is ``[num_parts, METADATA_WIDTH]`` int32; part ``p`` covers, in order, the pages
 
