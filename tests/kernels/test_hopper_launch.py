@@ -41,7 +41,7 @@ def test_bf16_cache_reaches_the_bf16_kernel(launches, h_q, s_q):
     assert grid == (meta.shape[0], math.ceil(s_q * h_q / 64))
     q, lat, rope = args[0], args[4], args[5]
     assert q is x["q"] and (args[-2], args[-1]) == (h_q, s_q) and args[-3] == pytest.approx(0.1 * LOG2E.value)
-    assert list(lat.block_shape) == [64, 512] and lat.layout == hopper_bf16.LAT_BF16_SMEM.value
+    assert list(lat.block_shape) == [64, hopper_bf16.K_BOX.value] and lat.layout == hopper_bf16.LAT_BF16_SMEM.value
     assert list(rope.block_shape) == [64, 64] and lat.base.dtype == rope.base.dtype == torch.bfloat16
     assert lat.base.data_ptr() == x["k_cache"].data_ptr() and rope.base.data_ptr() == x["k_cache"].data_ptr() + 1024
 

@@ -476,12 +476,14 @@ def _cache_descriptors(k_cache: torch.Tensor, kv_format: str):
     key = (k_cache.data_ptr(), tuple(k_cache.shape), kv_format)
     if key not in _descriptors:
         rows = k_cache.shape[0] * formats.PAGE_SIZE
+        lat_cols = formats.D_LATENT   # the latent part's columns per TMA box
         if kv_format == "bf16":
-            from .hopper_bf16 import LAT_BF16_SMEM
+            from .hopper_bf16 import K_BOX, LAT_BF16_SMEM
             flat = k_cache.view(rows, formats.D_QK)
             lat, rope = flat[:, :formats.D_LATENT], flat[:, formats.D_LATENT:]
             scale = None
             lat_layout, rope_layout = LAT_BF16_SMEM, ROPE_BF16_SMEM
+            lat_cols = K_BOX.value   # loaded box by box (hopper_bf16._load_page)
         elif kv_format == "fp8_rope_bf16":
             row = k_cache.view(rows, formats.ROW_BYTES)
             lat = row.view(torch.float8_e4m3fn)[:, :formats.D_LATENT]
@@ -495,7 +497,7 @@ def _cache_descriptors(k_cache: torch.Tensor, kv_format: str):
             lat_layout, rope_layout = LAT_SMEM, ROPE_FP8_SMEM
         if len(_descriptors) > 64:
             _descriptors.clear()
-        lat_desc = TensorDescriptor.from_tensor(lat, [formats.PAGE_SIZE, formats.D_LATENT], lat_layout.value)
+        lat_desc = TensorDescriptor.from_tensor(lat, [formats.PAGE_SIZE, lat_cols], lat_layout.value)
         rope_desc = TensorDescriptor.from_tensor(rope, [formats.PAGE_SIZE, formats.D_ROPE], rope_layout.value)
         scale_desc = (TensorDescriptor.from_tensor(scale, [formats.PAGE_SIZE, SCALE_COLS.value], SCALE_SMEM.value)
                       if scale is not None else rope_desc)

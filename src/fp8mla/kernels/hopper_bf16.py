@@ -11,8 +11,12 @@ The schedule, the three warp-specialised warpgroups and their handshakes are hop
 - cache slots past a sequence's end may hold NaN, and 0 * NaN = NaN in P.V: on a request's last page each PV
   warpgroup zeroes those rows of its half of the tile (hopper.py's transposes do it on the way).
 
+- a page arrives by TMA in 64-column boxes, each 128-column group (and the RoPE part) completing a barrier of
+  its own, so that Q.K^T starts on a page's first group while the rest is still on its way.
+
 Handshakes (as in hopper.py; P and alpha have one buffer, so their phase is the page position's parity):
-  kv_ready[slot]  TMA byte count                             waited by all three warpgroups
+  kv_ready[slot, group]  TMA byte count                      waited by the softmax WG (every group) and each PV
+                                                             WG (the groups of its half)
   kv_empty[slot]  3: softmax WG after Q.K^T, each PV WG      waited by the left PV WG before it refills the slot
                   after its P.V
   p_ready         1: softmax WG wrote P and alpha            waited by both PV WGs
@@ -34,6 +38,10 @@ from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, RIGHT, ROPE_BF16_SMEM,
 from .launcher import CachedLauncher
 
 STAGES = gl.constexpr(2)     # ring slots, a whole page each
+K_BOX = gl.constexpr(64)     # latent columns per TMA box (a 128-byte swizzle span of bf16)
+K_GROUP = gl.constexpr(128)  # latent columns per arrival barrier: Q.K^T starts on a page's first group
+N_BOXES = gl.constexpr(D_LATENT // K_BOX)
+N_GROUPS = gl.constexpr(D_LATENT // K_GROUP)   # then one barrier more, for the RoPE part
 O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 16]))
 LAT_BF16_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 ZERO_CHUNK = gl.constexpr(64)  # V columns zeroed at a time
@@ -42,13 +50,22 @@ ZERO_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_wa
 
 
 @gluon.jit
-def _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, page, slot):
-    """TMA cache page `page` into ring position `slot`, once the page before it there is released."""
+def _load_page(lat_desc, rope_desc, k_boxes, k_rope, kv_ready, kv_empty, page, slot):
+    """TMA cache page `page` into ring position `slot`, once the page before it there is released: its latent
+    part in 128-column groups, each signalling its own barrier (kv_ready[slot, group]), then its RoPE part."""
     s = slot % STAGES
     mbarrier.wait(kv_empty.index(s), ((slot // STAGES) & 1) ^ 1)
-    mbarrier.expect(kv_ready.index(s), lat_desc.block_type.nbytes + rope_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(lat_desc, [page * PAGE_SIZE, 0], kv_ready.index(s), k_lat.index(s))
-    tma.async_copy_global_to_shared(rope_desc, [page * PAGE_SIZE, 0], kv_ready.index(s), k_rope.index(s))
+    BOXES: gl.constexpr = K_GROUP // K_BOX
+    for g in gl.static_range(N_GROUPS):
+        ready = kv_ready.index(s * (N_GROUPS + 1) + g)
+        mbarrier.expect(ready, BOXES * lat_desc.block_type.nbytes)
+        for b in gl.static_range(BOXES):
+            box = g * BOXES + b
+            tma.async_copy_global_to_shared(lat_desc, [page * PAGE_SIZE, box * K_BOX], ready,
+                                            k_boxes.index(s * N_BOXES + box))
+    ready = kv_ready.index(s * (N_GROUPS + 1) + N_GROUPS)
+    mbarrier.expect(ready, rope_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(rope_desc, [page * PAGE_SIZE, 0], ready, k_rope.index(s))
 
 
 @gluon.jit
@@ -70,6 +87,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                 lse_part_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, p_smem, alpha_smem, norm_smem,
                 kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, CAUSAL: gl.constexpr):
     R = H * S_Q
+    q_boxes = q_lat._reinterpret(gl.bfloat16, [N_BOXES, BLOCK_M, K_BOX], LAT_BF16_SMEM)   # [box] = its columns
+    k_boxes = k_lat._reinterpret(gl.bfloat16, [STAGES * N_BOXES, PAGE_SIZE, K_BOX], LAT_BF16_SMEM)
     row_l: gl.constexpr = gl.SliceLayout(1, S_BF16)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
     s_idx = rows // H
@@ -86,9 +105,15 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
             l_i = gl.zeros([BLOCK_M], gl.float32, row_l)
             for blk in range(lo, hi):
                 s = it % STAGES
-                mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
-                acc = warpgroup_mma(q_lat, k_lat.index(s).permute((1, 0)),
-                                    gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16), use_acc=False, is_async=True)
+                phase = (it // STAGES) & 1
+                # each 128-column group's product as soon as its boxes are in (the page arrives group by group)
+                acc = gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16)
+                for box in gl.static_range(N_BOXES):
+                    if box % (K_GROUP // K_BOX) == 0:
+                        mbarrier.wait(kv_ready.index(s * (N_GROUPS + 1) + box // (K_GROUP // K_BOX)), phase)
+                    acc = warpgroup_mma(q_boxes.index(box), k_boxes.index(s * N_BOXES + box).permute((1, 0)), acc,
+                                        use_acc=box > 0, is_async=True)
+                mbarrier.wait(kv_ready.index(s * (N_GROUPS + 1) + N_GROUPS), phase)
                 acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
                 mbarrier.arrive(kv_empty.index(s))
@@ -119,6 +144,7 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
            p_free, epi_ready, epi_free, WG: gl.constexpr):
     """O[:, 256 WG : 256 (WG + 1)] for every page of the part; the left warpgroup also loads the pages."""
     R = H * S_Q
+    k_boxes = k_lat._reinterpret(gl.bfloat16, [STAGES * N_BOXES, PAGE_SIZE, K_BOX], LAT_BF16_SMEM)
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     if WG == LEFT:  # the TMA cursor runs STAGES pages ahead, across requests (see hopper.py)
@@ -126,7 +152,7 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
             meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, begin_req, end_req)
         loaded = 0
         while (loaded < STAGES) & load_ok:  # not unrolled (see hopper.py)
-            _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
+            _load_page(lat_desc, rope_desc, k_boxes, k_rope, kv_ready, kv_empty, load_page, loaded)
             loaded += 1
             load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
                 meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
@@ -140,7 +166,8 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
             for blk in range(lo, hi):
                 s = it % STAGES
                 v = k_lat.index(s).slice(WG * HALF, HALF, dim=1)   # [64 tokens, 256 dims]: P.V's B operand
-                mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
+                for g in gl.static_range(HALF // K_GROUP):   # this half's column groups are in
+                    mbarrier.wait(kv_ready.index(s * (N_GROUPS + 1) + WG * (HALF // K_GROUP) + g), (it // STAGES) & 1)
                 mbarrier.wait(p_ready, it & 1)   # also: the softmax warpgroup's Q.K^T of the page is done
                 if (blk + 1) * PAGE_SIZE > seqlen:
                     _zero_tail(v, seqlen - blk * PAGE_SIZE)
@@ -152,7 +179,7 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
                 it += 1
                 if WG == LEFT:
                     if load_ok:  # the slot's next page: waits for the right warpgroup's P.V of this one
-                        _load_page(lat_desc, rope_desc, k_lat, k_rope, kv_ready, kv_empty, load_page, loaded)
+                        _load_page(lat_desc, rope_desc, k_boxes, k_rope, kv_ready, kv_empty, load_page, loaded)
                         loaded += 1
                         load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
                             meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
@@ -178,14 +205,15 @@ def mla_decode_hopper_bf16_kernel(
     alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
     norm_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
-    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES * (N_GROUPS + 1), 1], bar_l)   # [slot, group]
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], bar_l)
     p_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     p_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     epi_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     epi_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
-    for i in gl.static_range(STAGES):
+    for i in gl.static_range(STAGES * (N_GROUPS + 1)):
         mbarrier.init(kv_ready.index(i), count=1)
+    for i in gl.static_range(STAGES):
         mbarrier.init(kv_empty.index(i), count=3)   # softmax WG after Q.K^T, each PV WG after its P.V
     mbarrier.init(p_ready, count=1)
     mbarrier.init(p_free, count=2)
