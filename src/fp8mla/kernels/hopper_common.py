@@ -45,9 +45,10 @@ def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, AS_IS: gl.constexpr
     """One request's query rows (as many as q_lat has) into shared memory; returns each row's latent descale.
 
     AS_IS: q already has q_lat's dtype (an e4m3 q in hopper.py, a bf16 q in hopper_bf16.py): copied as it is.
-    Otherwise a bf16 q has its latent part quantized to e4m3 with a scale per row (read twice: amax, then scale,
-    so no thread holds a whole row) and its RoPE part kept bf16. Each pass reads two 128-column chunks at a time,
-    so that two loads are in flight per wait (this code is on the critical path of every request's start).
+    Otherwise a bf16 q has its latent part quantized to e4m3 with a scale per row and its RoPE part kept bf16.
+    This code is on the critical path of every request's start: up to 32 rows (hopper_small) the latent tile is
+    read once, whole (at most 128 values a thread); 64 rows read it twice (amax, then scale: the whole tile, 256
+    values a thread, made ptxas spill), two 128-column chunks at a time, so that two loads are in flight per wait.
     """
     ROWS: gl.constexpr = q_lat.shape[0]
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
