@@ -19,6 +19,39 @@ def expand(meta, num_splits, seqlens):
     return visits, pages
 
 
+def check_cover(meta, num_splits, seqlens, parts):
+    """Every page of every request visited once; request i's partial results fill slots num_splits[i] ..
+    num_splits[i + 1] - 1, one per part."""
+    b = len(seqlens)
+    assert meta.shape == (parts, 8) and meta.dtype == torch.int32
+    assert num_splits.shape == (b + 1,) and num_splits.dtype == torch.int32
+    visits, pages = expand(meta, num_splits, seqlens)
+    covered = sorted((req, page) for _, req, page, _ in visits)
+    assert covered == [(i, k) for i in range(b) for k in range(pages[i])]
+    for i in range(b):
+        slots = {(p, s) for p, req, _, s in visits if req == i}
+        assert sorted(s for _, s in slots) == list(range(int(num_splits[i]), int(num_splits[i + 1])))
+        assert len({p for p, _ in slots}) == int(num_splits[i + 1] - num_splits[i])
+    assert int(num_splits[-1]) <= b + parts
+    return visits, pages
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_default_cut_covers_every_page(seed, monkeypatch):
+    """The default cut (aligned pieces, pieces fitted to the combine's steps) on random batches and SM counts,
+    equal lengths half of the time."""
+    g = torch.Generator().manual_seed(seed)
+    sms = int(torch.randint(4, 140, (1,), generator=g))
+    monkeypatch.setattr(scheduler, "_sm_count", lambda device: sms)
+    b = int(torch.randint(1, 12, (1,), generator=g))
+    seqlens = torch.randint(0, 40000, (b,), generator=g, dtype=torch.int32)
+    if seed % 2:
+        seqlens[:] = seqlens[0]
+    rows = int([16, 32, 64, 128, 256][seed % 5])
+    meta, num_splits = get_mla_metadata(seqlens, rows, 1)
+    check_cover(meta, num_splits, seqlens, num_sm_parts(torch.device("cpu"), rows))
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_every_page_exactly_once_and_balanced(seed):
     g = torch.Generator().manual_seed(seed)
@@ -27,18 +60,7 @@ def test_every_page_exactly_once_and_balanced(seed):
     seqlens[torch.rand(b, generator=g) < 0.2] = 0
     parts = int(torch.randint(1, 140, (1,), generator=g))
     meta, num_splits = get_mla_metadata(seqlens, 64, 1, num_parts=parts)
-    assert meta.shape == (parts, 8) and meta.dtype == torch.int32
-    assert num_splits.shape == (b + 1,) and num_splits.dtype == torch.int32
-    visits, pages = expand(meta, num_splits, seqlens)
-    covered = sorted((req, page) for _, req, page, _ in visits)
-    assert covered == [(i, k) for i in range(b) for k in range(pages[i])]
-    # splits: request i's partial results fill slots num_splits[i] .. num_splits[i+1] - 1, one per part
-    for i in range(b):
-        slots = {(p, s) for p, req, _, s in visits if req == i}
-        parts_of_i = sorted({p for p, _ in slots})
-        assert sorted(s for _, s in slots) == list(range(int(num_splits[i]), int(num_splits[i + 1])))
-        assert len(parts_of_i) == int(num_splits[i + 1] - num_splits[i])
-    assert int(num_splits[-1]) <= b + parts
+    visits, pages = check_cover(meta, num_splits, seqlens, parts)
     # balance: the cost of each part (pages + per-split overhead) within one page + overhead of the mean
     cost = [0] * parts
     for p, req, page, s in visits:

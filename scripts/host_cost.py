@@ -1,0 +1,71 @@
+"""Host cost of fp8mla's own Python in one eager decode call, on any machine (no GPU needed): the Hopper path with
+every kernel launch replaced by a fake compiled kernel, so what is timed is the API's checks, the buffers, the
+launch arguments and the launchers' cache keys (Triton's launcher and the driver are not):
+
+    PYTHONPATH=src python3 scripts/host_cost.py
+
+Prints µs per call (best of five rounds of 500 calls) for each cache format at two batch shapes.
+"""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"   # CPU tensors pass the API's device check (no kernel runs)
+
+import time  # noqa: E402
+
+import fp8mla  # noqa: E402
+from fp8mla import api  # noqa: E402
+from fp8mla.inputs import make_problem  # noqa: E402
+from fp8mla.kernels import combine, hopper, hopper_bf16, hopper_small, launcher  # noqa: E402
+
+
+class FakeKernel:
+    function, packed_metadata = "function", "packed"
+
+    def launch_metadata(self, grid, stream, *params):
+        return None
+
+    def run(self, *args):
+        pass
+
+
+class FakeJit:
+    """Stands for a kernel's @jit function: the first launch of a specialization 'compiles' a FakeKernel."""
+
+    def __init__(self, fn):
+        self.arg_names = fn.arg_names
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: FakeKernel()
+
+
+def main():
+    launcher._interpreting = lambda: False
+    launcher._current_device = lambda: 0
+    launcher._current_stream = lambda device: 0
+    api.hopper_available = lambda device: True
+    for module in (hopper, hopper_small, hopper_bf16, combine):
+        module._launch.fn = FakeJit(module._launch.fn)
+    for b, s_q, h_q in [(2, 1, 16), (64, 2, 64)]:
+        p = make_problem(b, s_q, h_q, [512] * b, seed=0)
+        meta, splits = fp8mla.get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
+        for kv_format, q_fp8 in [("fp8", True), ("fp8_rope_bf16", False), ("bf16", False)]:
+            x = p.quantized(kv_format, q_fp8)
+
+            def call():
+                fp8mla.flash_mla_with_kvcache(x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, meta,
+                                              splits, causal=True, descale_q=x["descale_q"], descale_k=x["descale_k"],
+                                              backend="hopper", validate=False)
+            for _ in range(50):
+                call()
+            rounds = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(500):
+                    call()
+                rounds.append((time.perf_counter() - t0) / 500 * 1e6)
+            print(f"b={b} s_q={s_q} h_q={h_q} {kv_format:14s} {min(rounds):6.1f} us a call (launches faked)",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
