@@ -54,13 +54,6 @@ def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, AS_IS: gl.constexpr
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
     row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
     ok = (rows < R)[:, None]
-    cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
-    # q_lat as its column chunks (a swizzled tile is stored swizzle-width column block by block, so chunk c is
-    # [c]), indexed at run time so that the loops below stay loops: unrolled, this once-per-request code ran from
-    # a cold instruction cache (ncu at b=8 s_q=2 h_q=64: "no instruction" stalls; the call went from 1.43x to
-    # 1.32x the time of the e4m3 q's, which has no quantization, measured each in one process)
-    N_CHUNKS: gl.constexpr = D_LATENT // Q_CHUNK
-    chunks = q_lat._reinterpret(q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
     if not AS_IS and ROWS <= 32:
         # few rows (hopper_small): the whole latent tile at once (at most 128 values a thread), one trip to memory
         x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
@@ -68,6 +61,13 @@ def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, AS_IS: gl.constexpr
         descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
         q_lat.store((x.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
     else:
+        cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
+        # q_lat as its column chunks (a swizzled tile is stored swizzle-width column block by block, so chunk c is
+        # [c]), indexed at run time so that the loops below stay loops: unrolled, this once-per-request code ran
+        # from a cold instruction cache (ncu at b=8 s_q=2 h_q=64: "no instruction" stalls; the call went from
+        # 1.43x to 1.32x the time of the e4m3 q's, which has no quantization, measured each in one process)
+        N_CHUNKS: gl.constexpr = D_LATENT // Q_CHUNK
+        chunks = q_lat._reinterpret(q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
         if AS_IS:
             descale = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
         else:
