@@ -4,6 +4,7 @@ Every shape, dtype and device is checked here, once, before any launch; the kern
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -21,10 +22,17 @@ def interpreter_active() -> bool:
 
 def hopper_available(device: torch.device) -> bool:
     """True where the Gluon sm_90a kernel can run: an sm_90 GPU and triton 3.6.x."""
+    device = torch.device(device)
+    if device.type != "cuda" or interpreter_active():
+        return False
+    return _sm90_with_triton_36(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)   # asked on every call
+def _sm90_with_triton_36(index: int) -> bool:
     import triton
 
-    return (device.type == "cuda" and not interpreter_active() and triton.__version__.startswith("3.6.")
-            and torch.cuda.get_device_capability(device) == (9, 0))
+    return triton.__version__.startswith("3.6.") and torch.cuda.get_device_capability(index) == (9, 0)
 
 
 def _check_tensor(name, t, dtypes, dim=None):
@@ -167,10 +175,11 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     if backend != "portable":
         from .kernels.hopper import SUPPORTED_FORMATS, supports
 
-        fits = hopper_available(device) and supports(q, kv_format)
+        available = hopper_available(device)
+        fits = available and supports(q, kv_format)
         if backend is None:
             backend = "hopper" if fits else "portable"
-        elif not hopper_available(device):
+        elif not available:
             raise ValueError("the 'hopper' backend needs an sm_90 GPU and triton 3.6.x")
         elif not fits:
             raise ValueError(f"the 'hopper' backend takes a bf16 q with the {SUPPORTED_FORMATS} cache formats; "

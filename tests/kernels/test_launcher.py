@@ -114,3 +114,22 @@ def test_tensor_descriptors_are_keyed_by_block_shape_and_strides(fake):
     for other in (desc(block=32), desc(rows=256), desc(width=640)):  # block, shape, strides
         launch((1,), (other, 32, 0.5), dict(BLOCK=16))
     assert len(fn.triton_launches) == 4
+
+
+def test_tensor_descriptor_specs_are_remembered_per_object(fake):
+    """A descriptor's spec is worked out once per object (kept alive while remembered, so its id is not reused)
+    and stands in the key as a token shared by equal specs; the memory is bounded."""
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from fp8mla.kernels.hopper import LAT_SMEM
+
+    fn, launch = fake
+    pages = torch.zeros(128, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    descs = [TensorDescriptor.from_tensor(pages[:, :512], [64, 512], LAT_SMEM.value) for _ in range(300)]
+    for d in descs:
+        launch((1,), (d, 32, 0.5), dict(BLOCK=16))
+    assert len(fn.triton_launches) == 1 and len(launch._descriptors) <= 257
+    kept = launch._descriptors[id(descs[-1])]
+    assert kept[0] is descs[-1]
+    narrow = TensorDescriptor.from_tensor(pages[:, :512], [32, 512], LAT_SMEM.value)
+    launch((1,), (narrow, 32, 0.5), dict(BLOCK=16))
+    assert len(fn.triton_launches) == 2 and launch._descriptors[id(narrow)][1] != kept[1]

@@ -12,6 +12,8 @@ compiles (or looks up) its own kernel through Triton as before.
 from __future__ import annotations
 
 import torch
+from triton import knobs
+from triton.runtime import driver
 
 from ..api import interpreter_active
 
@@ -32,16 +34,24 @@ def _spec(arg):
     return type(arg), arg
 
 
+_tokens: dict = {}
+
+
+def _token(spec) -> tuple:
+    """A small stand-in for a (hashable) spec, the same for equal specs."""
+    return ("spec", _tokens.setdefault(spec, len(_tokens)))
+
+
 def _interpreting() -> bool:
     return interpreter_active()
 
 
 def _current_device() -> int:
-    return torch.cuda.current_device()   # where Triton launches (not necessarily the tensors' device)
+    return driver.active.get_current_device()   # where Triton launches (not necessarily the tensors' device)
 
 
 def _current_stream(device: int) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
+    return driver.active.get_current_stream(device)   # Triton's own (a raw handle, no torch Stream object)
 
 
 class CachedLauncher:
@@ -52,15 +62,38 @@ class CachedLauncher:
     def __init__(self, fn):
         self.fn = fn
         self.kernels: dict = {}
+        self._descriptors: dict = {}   # id -> (descriptor, a small int for its spec): computed once per object
+
+    def _key(self, args: tuple) -> tuple:
+        """``tuple(map(_spec, args))``, faster: this runs on every launch (tensors and ints inline; a TMA
+        descriptor, rebuilt by nobody and reused call after call, by a token of its spec, which then is hashed
+        as an int instead of its layout)."""
+        key = []
+        for arg in args:
+            kind = type(arg)
+            if kind is torch.Tensor:
+                key.append((arg.dtype, arg.data_ptr() % 16 == 0))
+            elif kind is int:
+                key.append((int, arg == 1, arg % 16 == 0, -2 ** 31 <= arg < 2 ** 31))
+            elif kind is float:
+                key.append(float)
+            elif hasattr(arg, "block_shape"):
+                known = self._descriptors.get(id(arg))
+                if known is None or known[0] is not arg:   # (an id is only reused once its object is gone)
+                    if len(self._descriptors) > 256:
+                        self._descriptors.clear()
+                    known = self._descriptors[id(arg)] = (arg, _token(_spec(arg)))
+                key.append(known[1])
+            else:
+                key.append(_spec(arg))
+        return tuple(key)
 
     def __call__(self, grid, args: tuple, constexprs: dict, **options):
-        from triton import knobs
-
         if _interpreting():  # the interpreter compiles nothing
             self.fn[grid](*args, **constexprs, **options)
             return
         device = _current_device()
-        key = (device, tuple(map(_spec, args)), tuple(constexprs.items()), tuple(options.items()))
+        key = (device, self._key(args), tuple(constexprs.items()), tuple(options.items()))
         kernel = self.kernels.get(key)
         if kernel is None:
             if tuple(self.fn.arg_names[len(args):]) != tuple(constexprs):
