@@ -8,5 +8,5 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 for t in tests/kernels/test_hopper.py tests/kernels/test_gpu_matrix.py tests/test_cuda_graphs.py \
          "tests/test_no_host_sync.py tests/test_compat.py tests/test_deepseek_v3.py" tests/test_sanitizers.py; do
   echo "== $t"
-  timeout 240 python3 -m pytest -q -x -p no:warnings -k "not sass" $t 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -4
+  timeout 420 python3 -m pytest -q -x -p no:warnings -k "not sass" $t 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -4
 done
