@@ -9,6 +9,7 @@ from fp8mla import get_mla_metadata
 from fp8mla.inputs import make_problem
 from fp8mla.kernels import hopper, hopper_bf16, hopper_small
 from fp8mla.kernels.constants import FORMAT_CODE, LOG2E
+from fp8mla.kernels.q_quant import quantize_q
 
 
 @pytest.fixture
@@ -59,9 +60,14 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
         assert scale.base.data_ptr() == x["k_cache"].data_ptr() + 512
     else:
         assert rope.base.dtype == torch.float8_e4m3fn and scale is rope   # no scale tile: a placeholder
-    descale_q, descale_k = args[17], args[18]
+    q, descale_q, descale_k = args[0], args[17], args[18]
     assert descale_k is (x["descale_k"] if kv_format == "fp8" else p.cache_seqlens)   # placeholder: never read
-    assert descale_q is (x["descale_q"] if q_fp8 else p.cache_seqlens)
+    if q_fp8:
+        assert q is x["q"] and descale_q is x["descale_q"]
+    else:  # a bf16 q quantized before the launch: packed rows, a descale per row
+        want_q, want_descale = quantize_q(x["q"])
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(descale_q, want_descale)
+        assert q.stride()[:3] == (2 * 64 * 640, 64 * 640, 640) and descale_q.shape == (2 * 2 * 64,)
 
 
 @pytest.mark.parametrize("s_q,h_q,rows", [(1, 16, 16), (2, 16, 32), (3, 8, 32), (1, 32, 32)])
@@ -69,7 +75,7 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
 def test_few_query_rows_reach_the_small_rows_kernel(launches, kv_format, q_fp8, s_q, h_q, rows):
     p, x, meta = launch(kv_format, q_fp8, s_q=s_q, h_q=h_q)
     ((name, grid, args, constexprs, options),) = launches
-    assert name == "hopper_small" and grid == (meta.shape[0], 1)
+    assert name == "hopper_small" and grid == (meta.shape[0], 1) and args[0] is x["q"]   # quantized in the kernel
     assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ROWS=rows)
 
 

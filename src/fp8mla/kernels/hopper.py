@@ -5,8 +5,9 @@ One CTA handles one part of the split-KV schedule for 64 query rows, with three 
 warpgroup's 64 x 256 fp32 accumulator alone takes 128):
 
   softmax WG (4 warps)  issues the TMA loads of each KV page's latent [64, 512], RoPE [64, 64] (and per-token
-                        scales) into a STAGES-deep shared-memory ring; quantizes q (latent e4m3 with a scale per
-                        row, RoPE kept bf16) into shared memory; per page: S = q_lat.k_lat^T (FP8 wgmma) scaled
+                        scales) into a STAGES-deep shared-memory ring; copies q into shared memory (a bf16 q
+                        arrives quantized by q_quant.py: latent e4m3 with a scale per row, RoPE kept bf16);
+                        per page: S = q_lat.k_lat^T (FP8 wgmma) scaled
                         + q_rope.k_rope^T (BF16 wgmma, its own accumulator); online softmax; P (times each
                         token's V scale, times 448 / the page's largest scale) -> e4m3 -> shared memory, with the
                         row rescale factor. A page's two Q.K^T products run on the tensor cores while the previous
@@ -43,9 +44,11 @@ from .. import formats
 from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
                         LOG2E, METADATA_WIDTH, PAGE_SIZE)
 from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, advance,
-                            dim_bit as _d, key_limits, load_cursor_start, load_cursor_step, load_q, online_softmax,
+                            Q_AS_IS, Q_PREQUANTIZED, dim_bit as _d, key_limits, load_cursor_start, load_cursor_step,
+                            load_q, online_softmax,
                             part_start, pv_epilogue, request_range, softmax_epilogue, token_bit as _t)
 from .launcher import CachedLauncher
+from .q_quant import quantize_q
 
 V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
 STAGES = gl.constexpr(2)     # KV pages in flight per CTA
@@ -263,7 +266,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
         seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             q_scale = gl.convert_layout(
-                load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8), row_l)
+                load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_q_ptr + req * R,
+                       Q_AS_IS if Q_FP8 else Q_PREQUANTIZED), row_l)
             key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_i = gl.zeros([BLOCK_M], gl.float32, row_l)
@@ -522,12 +526,15 @@ def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_s
     from . import hopper_small
     rows = s_q * h_q
     dummy = cache_seqlens  # never read: placeholders for absent scales
+    q_fp8 = q.dtype != torch.bfloat16
+    small_rows = hopper_small.rows_per_cta(rows)
+    if not q_fp8 and not small_rows:  # the 64-row kernel takes a bf16 q quantized (packed rows, a scale per row)
+        q, descale_q = quantize_q(q)
     args = (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
             block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta, num_splits,
             out, lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
             descale_k if descale_k is not None else dummy, softmax_scale * LOG2E.value, h_q, s_q)
-    constexprs = dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != torch.bfloat16, CAUSAL=causal)
-    small_rows = hopper_small.rows_per_cta(rows)
+    constexprs = dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=causal)
     if small_rows:  # few query rows: the transposed kernel (same parameters), with no rows of padding to 64
         hopper_small._launch((meta.shape[0], 1), args, {**constexprs, "ROWS": small_rows}, num_warps=4)
     else:

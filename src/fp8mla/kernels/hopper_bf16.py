@@ -32,7 +32,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .constants import BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, LOG2E, METADATA_WIDTH, PAGE_SIZE
-from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, key_limits,
+from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_AS_IS, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, key_limits,
                             load_cursor_start, load_cursor_step, load_q, online_softmax, pv_epilogue, request_range,
                             softmax_epilogue)
 from .launcher import CachedLauncher
@@ -99,7 +99,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
     for req in tl.range(begin_req, end_req + 1, disable_licm=True):  # see hopper.py
         seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
-            load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, True)  # bf16 as it is
+            load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, q_ptr, Q_AS_IS)
             key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_i = gl.zeros([BLOCK_M], gl.float32, row_l)

@@ -14,7 +14,7 @@ BLOCK_M = gl.constexpr(64)   # query rows per CTA (one wgmma M)
 HALF = gl.constexpr(256)     # output columns per PV warpgroup
 LEFT, RIGHT = gl.constexpr(0), gl.constexpr(1)  # the PV warpgroups' halves
 PV_REGS = gl.constexpr(168)  # registers per thread: 65536 / 384, every warpgroup gets the same
-Q_CHUNK = gl.constexpr(128)  # q columns quantized at a time
+Q_CHUNK = gl.constexpr(128)  # q columns copied at a time
 
 ROPE_BF16_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2))
 VEC_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
@@ -40,55 +40,53 @@ O_GROUP = gl.constexpr(gl.DistributedLinearLayout(
     warp_bases=[token_bit(4), token_bit(5)], block_bases=[], shape=[64, 32]))
 
 
+# what load_q finds at q_ptr
+Q_AS_IS = gl.constexpr(0)         # q in q_lat's dtype (an e4m3 q in hopper.py, a bf16 q in hopper_bf16.py): copied
+Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (hopper_small): the latent part quantized here, RoPE kept bf16
+Q_PREQUANTIZED = gl.constexpr(2)  # a bf16 q quantized before the launch (hopper.py): q_quant's packed rows
+
+
 @gluon.jit
-def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, AS_IS: gl.constexpr):
+def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
     """One request's query rows (as many as q_lat has) into shared memory; returns each row's latent descale.
 
-    AS_IS: q already has q_lat's dtype (an e4m3 q in hopper.py, a bf16 q in hopper_bf16.py): copied as it is.
-    Otherwise a bf16 q has its latent part quantized to e4m3 with a scale per row and its RoPE part kept bf16.
-    This code is on the critical path of every request's start: up to 32 rows (hopper_small) the latent tile is
-    read once, whole (at most 128 values a thread); 64 rows read it twice (amax, then scale: the whole tile, 256
-    values a thread, made ptxas spill), two 128-column chunks at a time, so that two loads are in flight per wait.
+    SOURCE: Q_AS_IS, Q_QUANTIZE (the latent part to e4m3 with a scale per row, amax / 448, as q_quant.py does it)
+    or Q_PREQUANTIZED (q_quant's packed rows: e4m3 latent then bf16 RoPE; the request's descales at descale_ptr).
+    This code is on the critical path of every request's start: Q_QUANTIZE (up to 32 rows) reads the latent tile
+    once, whole (at most 128 values a thread); the other sources are copied in 128-column chunks, two loads in
+    flight per wait.
     """
     ROWS: gl.constexpr = q_lat.shape[0]
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
     row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
     ok = (rows < R)[:, None]
-    if not AS_IS and ROWS <= 32:
-        # few rows (hopper_small): the whole latent tile at once (at most 128 values a thread), one trip to memory
+    if SOURCE == Q_QUANTIZE:
+        gl.static_assert(ROWS <= 32, "the whole latent tile in registers")
         x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
         amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
         descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
         q_lat.store((x.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
     else:
+        if SOURCE == Q_PREQUANTIZED:
+            descale = gl.load(descale_ptr + rows, mask=rows < R, other=1.0)
+        else:
+            descale = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
         cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
         # q_lat as its column chunks (a swizzled tile is stored swizzle-width column block by block, so chunk c is
-        # [c]), indexed at run time so that the loops below stay loops: unrolled, this once-per-request code ran
-        # from a cold instruction cache (ncu at b=8 s_q=2 h_q=64: "no instruction" stalls; the call went from
-        # 1.43x to 1.32x the time of the e4m3 q's, which has no quantization, measured each in one process)
+        # [c]), indexed at run time so that the loop stays a loop: unrolled, this once-per-request code ran from a
+        # cold instruction cache (ncu at b=8 s_q=2 h_q=64: "no instruction" stalls)
         N_CHUNKS: gl.constexpr = D_LATENT // Q_CHUNK
         chunks = q_lat._reinterpret(q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
-        if AS_IS:
-            descale = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
-        else:
-            amax = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, Q_LOAD))
-            for c in range(0, N_CHUNKS, 2):
-                x0 = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)
-                x1 = gl.load(row_ptr + (c + 1) * Q_CHUNK + cols, mask=ok, other=0.0)
-                amax = gl.maximum(amax, gl.max(gl.maximum(gl.abs(x0.to(gl.float32)), gl.abs(x1.to(gl.float32))),
-                                               axis=1))
-            descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
-            scale = 1.0 / descale  # one division per row, not per element
         for c in range(0, N_CHUNKS, 2):
             x0 = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)
             x1 = gl.load(row_ptr + (c + 1) * Q_CHUNK + cols, mask=ok, other=0.0)
-            if not AS_IS:
-                x0 = (x0.to(gl.float32) * scale[:, None]).to(gl.float8e4nv)
-                x1 = (x1.to(gl.float32) * scale[:, None]).to(gl.float8e4nv)
             chunks.index(c).store(x0)
             chunks.index(c + 1).store(x1)
     r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
-    q_rope.store(gl.load(row_ptr + D_LATENT + r, mask=ok, other=0.0))
+    rope_ptr = row_ptr + D_LATENT
+    if SOURCE == Q_PREQUANTIZED:
+        rope_ptr = rope_ptr.to(gl.pointer_type(gl.bfloat16))   # past 512 e4m3 bytes
+    q_rope.store(gl.load(rope_ptr + r, mask=ok, other=0.0))
     fence_async_shared()
     return descale
 

@@ -27,7 +27,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgrou
 from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8, FP8_ROPE_BF16, METADATA_WIDTH, PAGE_SIZE
 from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, hand_p, init_barriers, o_scale,
                      rope_operand, score_scale_log2, token_scales, transpose_next)
-from .hopper_common import (HALF, LEFT, RIGHT, dim_bit as _d, token_bit as _t, VEC_SMEM, key_limits,
+from .hopper_common import (HALF, LEFT, Q_AS_IS, Q_QUANTIZE, RIGHT, dim_bit as _d, token_bit as _t, VEC_SMEM, key_limits,
                             load_cursor_start, load_cursor_step, load_q, part_start, request_range, softmax_epilogue,
                             split_slot)
 from .launcher import CachedLauncher
@@ -127,7 +127,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
         seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
             q_scale = gl.convert_layout(
-                load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, Q_FP8), row_l)
+                load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_q_ptr,
+                       Q_AS_IS if Q_FP8 else Q_QUANTIZE), row_l)
             key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, row_l)
             l_acc = gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST)

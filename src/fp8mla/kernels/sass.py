@@ -138,7 +138,8 @@ def hopper_reports() -> list[SassReport]:
     for fmt, q_fp8 in [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)]:
         rope_type, rope_layout = rope[fmt]
         rope_desc = f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>"
-        types = dict(q_ptr="*fp8e4nv" if q_fp8 else "*bf16", o_part_ptr=_part_type(fmt),
+        # the 64-row kernel takes a bf16 q as q_quant's packed rows (typed e4m3), the small-rows kernel as it is
+        types = dict(q_ptr="*fp8e4nv", o_part_ptr=_part_type(fmt),
                      lat_desc=f"tensordesc<fp8e4nv[64, 512],{hopper.LAT_SMEM.value!r}>", rope_desc=rope_desc,
                      scale_desc=(f"tensordesc<fp32[64, {hopper.SCALE_COLS.value}],{hopper.SCALE_SMEM.value!r}>"
                                  if fmt == "fp8_rope_bf16" else rope_desc))
@@ -147,6 +148,7 @@ def hopper_reports() -> list[SassReport]:
                          constexprs, gluon=True, divisible=TYPICAL_DIVISIBLE, num_warps=4)
         reports.append(sass_report(k, f"hopper[{fmt}{', fp8 q' if q_fp8 else ''}]"))
         small = hopper_small.mla_decode_hopper_small_kernel   # the same parameters, and ROWS
+        types["q_ptr"] = "*fp8e4nv" if q_fp8 else "*bf16"
         for rows in (16, 32):   # its two N
             k = compile_sm90(small, decode_signature(small, **types), {**constexprs, "ROWS": rows}, gluon=True,
                              divisible=TYPICAL_DIVISIBLE, num_warps=4)
