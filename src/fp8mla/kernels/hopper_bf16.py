@@ -50,6 +50,12 @@ ZERO_LOAD = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 8], threads_per_wa
 
 
 @gluon.jit
+def _group_ready(kv_ready, s, group):
+    """kv_ready[ring slot s, group]: a 128-column latent group's barrier (group N_GROUPS: the RoPE part's)."""
+    return kv_ready.index(s * (N_GROUPS + 1) + group)
+
+
+@gluon.jit
 def _load_page(lat_desc, rope_desc, k_boxes, k_rope, kv_ready, kv_empty, page, slot):
     """TMA cache page `page` into ring position `slot`, once the page before it there is released: its latent
     part in 128-column groups, each signalling its own barrier (kv_ready[slot, group]), then its RoPE part."""
@@ -57,13 +63,13 @@ def _load_page(lat_desc, rope_desc, k_boxes, k_rope, kv_ready, kv_empty, page, s
     mbarrier.wait(kv_empty.index(s), ((slot // STAGES) & 1) ^ 1)
     BOXES: gl.constexpr = K_GROUP // K_BOX
     for g in gl.static_range(N_GROUPS):
-        ready = kv_ready.index(s * (N_GROUPS + 1) + g)
+        ready = _group_ready(kv_ready, s, g)
         mbarrier.expect(ready, BOXES * lat_desc.block_type.nbytes)
         for b in gl.static_range(BOXES):
             box = g * BOXES + b
             tma.async_copy_global_to_shared(lat_desc, [page * PAGE_SIZE, box * K_BOX], ready,
                                             k_boxes.index(s * N_BOXES + box))
-    ready = kv_ready.index(s * (N_GROUPS + 1) + N_GROUPS)
+    ready = _group_ready(kv_ready, s, N_GROUPS)
     mbarrier.expect(ready, rope_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(rope_desc, [page * PAGE_SIZE, 0], ready, k_rope.index(s))
 
@@ -110,10 +116,10 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                 acc = gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16)
                 for box in gl.static_range(N_BOXES):
                     if box % (K_GROUP // K_BOX) == 0:
-                        mbarrier.wait(kv_ready.index(s * (N_GROUPS + 1) + box // (K_GROUP // K_BOX)), phase)
+                        mbarrier.wait(_group_ready(kv_ready, s, box // (K_GROUP // K_BOX)), phase)
                     acc = warpgroup_mma(q_boxes.index(box), k_boxes.index(s * N_BOXES + box).permute((1, 0)), acc,
                                         use_acc=box > 0, is_async=True)
-                mbarrier.wait(kv_ready.index(s * (N_GROUPS + 1) + N_GROUPS), phase)
+                mbarrier.wait(_group_ready(kv_ready, s, N_GROUPS), phase)
                 acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
                 mbarrier.arrive(kv_empty.index(s))
@@ -167,7 +173,7 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
                 s = it % STAGES
                 v = k_lat.index(s).slice(WG * HALF, HALF, dim=1)   # [64 tokens, 256 dims]: P.V's B operand
                 for g in gl.static_range(HALF // K_GROUP):   # this half's column groups are in
-                    mbarrier.wait(kv_ready.index(s * (N_GROUPS + 1) + WG * (HALF // K_GROUP) + g), (it // STAGES) & 1)
+                    mbarrier.wait(_group_ready(kv_ready, s, WG * (HALF // K_GROUP) + g), (it // STAGES) & 1)
                 mbarrier.wait(p_ready, it & 1)   # also: the softmax warpgroup's Q.K^T of the page is done
                 if (blk + 1) * PAGE_SIZE > seqlen:
                     _zero_tail(v, seqlen - blk * PAGE_SIZE)
