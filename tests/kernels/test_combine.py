@@ -9,7 +9,8 @@ from fp8mla.kernels.combine import launch_combine
 
 @pytest.mark.parametrize("part_dtype", [torch.float32, torch.bfloat16])   # bf16 format, FP8 formats
 @pytest.mark.parametrize("sms", [4, 16, 132])   # column slices per program: 1-2, 2-4, 8
-@pytest.mark.parametrize("splits", [[0, 3, 1, 11], [5]])   # several steps each (steps of 2 and 4 pieces: o_part rows per request)
+# several steps each (steps of 2 and 4 pieces: the o_part rows per request)
+@pytest.mark.parametrize("splits", [[0, 3, 1, 11], [5]])
 def test_combine_merges_by_lse(splits, sms, part_dtype, device, monkeypatch):
     monkeypatch.setattr(scheduler, "_sm_count", lambda device: sms)
     b, s_q, h_q = len(splits), 2, 16

@@ -15,7 +15,8 @@ from .constants import D_LATENT
 from .launcher import CachedLauncher
 
 COMBINE_ROWS = 8        # query rows per program
-MIN_COMBINE_DIMS = 64    # the narrowest slice of the 512 columns a program merges
+SPREAD_SLICES = 4        # column slices when (request, row block) programs are few
+MIN_COMBINE_DIMS = 64    # the narrowest slice of the 512 columns a program merges (when most SMs would idle still)
 STEP_ELEMENTS = 16384    # at most this many partial-O elements a program loads per step (128 per thread)
 
 
@@ -88,7 +89,7 @@ def plan(b: int, rows: int, parts: int, sms: int) -> tuple[int, dict]:
     # few (request, row block) programs, e.g. one request cut into many pieces: the columns are split too (up to
     # 4 ways) so that the merge's reads come from enough SMs; 8 ways if that leaves most SMs idle still
     slices = 1
-    while slices < 4 and b * row_blocks * slices < 2 * sms:
+    while slices < SPREAD_SLICES and b * row_blocks * slices < 2 * sms:
         slices *= 2
     if 2 * b * row_blocks * slices <= sms:
         slices = D_LATENT.value // MIN_COMBINE_DIMS

@@ -18,16 +18,21 @@ from triton.runtime import driver
 from ..api import interpreter_active
 
 
+# what Triton may specialize an argument of these exact types on (or more)
+_PLAIN_SPECS = {torch.Tensor: lambda arg: (arg.dtype, arg.data_ptr() % 16 == 0),
+                int: lambda arg: (int, arg == 1, arg % 16 == 0, -2 ** 31 <= arg < 2 ** 31),
+                float: lambda arg: float,
+                bool: lambda arg: (bool, arg)}
+
+
 def _spec(arg):
     """What Triton may specialize a kernel argument on (or more)."""
-    if isinstance(arg, torch.Tensor):
-        return arg.dtype, arg.data_ptr() % 16 == 0
-    if isinstance(arg, bool):
-        return bool, arg
-    if isinstance(arg, int):
-        return int, arg == 1, arg % 16 == 0, -2 ** 31 <= arg < 2 ** 31
-    if isinstance(arg, float):
-        return float
+    plain = _PLAIN_SPECS.get(type(arg))
+    if plain is not None:
+        return plain(arg)
+    for kind in (torch.Tensor, bool, int, float):   # subclasses (bool before int, as it is one)
+        if isinstance(arg, kind):
+            return _PLAIN_SPECS[kind](arg)
     if hasattr(arg, "block_shape"):  # a host-side TMA descriptor
         return (type(arg), arg.base.dtype, arg.base.data_ptr() % 16 == 0, tuple(arg.block_shape), arg.layout,
                 tuple(arg.shape), tuple(arg.strides))
@@ -65,18 +70,14 @@ class CachedLauncher:
         self._descriptors: dict = {}   # id -> (descriptor, a small int for its spec): computed once per object
 
     def _key(self, args: tuple) -> tuple:
-        """``tuple(map(_spec, args))``, faster: this runs on every launch (tensors and ints inline; a TMA
-        descriptor, rebuilt by nobody and reused call after call, by a token of its spec, which then is hashed
-        as an int instead of its layout)."""
+        """``tuple(map(_spec, args))``, faster: this runs on every launch (the plain types' specs straight from
+        _PLAIN_SPECS; a TMA descriptor, rebuilt by nobody and reused call after call, by a token of its spec, worked
+        out once per object and then hashed as an int instead of its layout)."""
         key = []
         for arg in args:
-            kind = type(arg)
-            if kind is torch.Tensor:
-                key.append((arg.dtype, arg.data_ptr() % 16 == 0))
-            elif kind is int:
-                key.append((int, arg == 1, arg % 16 == 0, -2 ** 31 <= arg < 2 ** 31))
-            elif kind is float:
-                key.append(float)
+            plain = _PLAIN_SPECS.get(type(arg))
+            if plain is not None:
+                key.append(plain(arg))
             elif hasattr(arg, "block_shape"):
                 known = self._descriptors.get(id(arg))
                 if known is None or known[0] is not arg:   # (an id is only reused once its object is gone)

@@ -128,8 +128,9 @@ def hopper_reports() -> list[SassReport]:
     from . import hopper, hopper_bf16, hopper_small
     from .constants import FORMAT_CODE
 
+    box = hopper_bf16.K_BOX.value   # the latent part's TMA box
     sig = decode_signature(hopper_bf16.mla_decode_hopper_bf16_kernel, q_ptr="*bf16",
-                           lat_desc=f"tensordesc<bf16[64, {hopper_bf16.K_BOX.value}],{hopper_bf16.LAT_BF16_SMEM.value!r}>",
+                           lat_desc=f"tensordesc<bf16[64, {box}],{hopper_bf16.LAT_BF16_SMEM.value!r}>",
                            rope_desc=f"tensordesc<bf16[64, 64],{hopper.ROPE_BF16_SMEM.value!r}>")
     k = compile_sm90(hopper_bf16.mla_decode_hopper_bf16_kernel, sig, dict(CAUSAL=True), gluon=True,
                      divisible=TYPICAL_DIVISIBLE, num_warps=4)
