@@ -160,3 +160,42 @@ def test_equal_requests_fit_the_combine_steps(monkeypatch):
         assert (num_splits[1:] - num_splits[:-1]).tolist() == [per_request] * b, (b, rows, n)
         visits, pages = expand(meta, num_splits, seqlens)
         assert sorted((r, k) for _, r, k, _ in visits) == [(i, k) for i in range(b) for k in range(pages[0])]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_few_uneven_requests_fit_the_combine_steps(seed):
+    """_pieces_for_steps against a plain count: for every number of pieces, each request's pieces (equal pieces
+    k * total // n of the timeline of pages and per-request overheads) and the model's cost (longest piece plus two
+    page-times a combine step of the request cut into the most); the chosen number is the cheapest, the largest of
+    equals."""
+    g = torch.Generator().manual_seed(seed)
+    b = int(torch.randint(2, 6, (1,), generator=g))
+    pages = torch.randint(0, 600, (b,), generator=g)
+    pages[0] = max(int(pages[0]), 1)
+    parts, step = int(torch.randint(8, 140, (1,), generator=g)), [16, 32, 64][seed % 3]
+    cost = [int(p) + FIXED_COST * (int(p) > 0) for p in pages]
+    total = sum(cost)
+    best = None
+    for n in range(min(parts, total), 0, -1):
+        bounds = [k * total // n for k in range(n + 1)]
+        start = 0
+        most = 0
+        for p, c in zip(pages.tolist(), cost):
+            if p:
+                most = max(most, sum(1 for k in range(n) if bounds[k] < start + p and bounds[k + 1] > start))
+            start += c
+        t = -(-total // n) + scheduler.COMBINE_STEP_PAGES * (-(-most // step) if most > 1 else 0)
+        if best is None or t < best[0]:
+            best = (t, n)
+    assert int(scheduler._pieces_for_steps(pages, parts, step)) == best[1]
+
+
+def test_few_uneven_requests_take_fewer_combine_steps(monkeypatch):
+    """Two requests of 8192 and 1024 tokens, 16 query rows, 132 SMs: one piece per part gave the long one 115
+    pieces (four steps of 32 in the combine); now 64 (two), over 72 parts: the longest piece three pages instead of
+    two, one page-time for two combine steps."""
+    monkeypatch.setattr(scheduler, "_sm_count", lambda device: 132)
+    seqlens = torch.tensor([8192, 1024], dtype=torch.int32)
+    meta, num_splits = get_mla_metadata(seqlens, 16, 1)
+    check_cover(meta, num_splits, seqlens, 132)
+    assert (num_splits[1:] - num_splits[:-1]).tolist() == [64, 8]

@@ -11,7 +11,9 @@ by default (no ``num_parts`` given) into at most ``b * (num_parts // b)`` parts 
 ``ALIGN_SLACK`` of the parts empty: every request then splits into the same number of pieces and no part holds the
 end of one request and the start of the next (measured on the H200 for b = 4-128: 2-9% faster with the FP8
 formats, ~1% with bf16; b=64 with 128 rows already gets a request per part). Small batches of long requests get
-fewer pieces still where that saves the combine a step (``_pieces_per_request``; b=1-4: up to 1.29x faster).
+fewer pieces still where that saves the combine a step (``_pieces_per_request``; b=1-4: up to 1.29x faster), and
+so do small batches of different lengths (at most half as many requests as parts; ``_pieces_for_steps``: the
+request cut into the most pieces sets the combine's steps).
 Everything is computed with tensor ops on the device of ``cache_seqlens``, with static output shapes and no host
 synchronisation, so it can be captured in a CUDA graph.
 
@@ -83,11 +85,15 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
     pages = (cache_seqlens.to(torch.int64) + PAGE_SIZE - 1) // PAGE_SIZE
     pieces = parts   # how many parts the timeline is cut into; the others stay empty
     b = len(pages)
-    if num_parts is None and parts * (1 - ALIGN_SLACK) <= b * (parts // b):
-        # requests of one length: each in the same number of equal pieces, the last few parts left empty
+    if num_parts is None and (parts * (1 - ALIGN_SLACK) <= b * (parts // b) or 2 * b <= parts):
         from .kernels.combine import step_splits   # (the kernels import this module)
-        pieces = torch.where((pages == pages[0]).all(), b * _pieces_per_request(
-            pages[0], parts // b, step_splits(b, num_q_tokens_per_head_k, parts, _sm_count(device))), parts)
+        step = step_splits(b, num_q_tokens_per_head_k, parts, _sm_count(device))
+        # few requests of different lengths: as many pieces as fit the combine's steps best
+        pieces = _pieces_for_steps(pages, parts, step) if 2 * b <= parts else parts
+        if parts * (1 - ALIGN_SLACK) <= b * (parts // b):
+            # requests of one length: each in the same number of equal pieces, the last few parts left empty
+            pieces = torch.where((pages == pages[0]).all(), b * _pieces_per_request(pages[0], parts // b, step),
+                                 pieces)
     meta, num_splits = _schedule(pages, parts, pieces, num_q_tokens_per_head_k)
     return meta.to(torch.int32), num_splits.to(torch.int32)
 
@@ -102,6 +108,25 @@ def _pieces_per_request(pages: torch.Tensor, most: int, step: int) -> torch.Tens
     splits = -(-n * pages // cost)   # pieces that start before the request's overhead positions
     t = -(-cost // n) + COMBINE_STEP_PAGES * -(-splits // step)
     return most - torch.where(n <= cost, t, t.max() + 1).argmin()   # (not n[...]: a 0-d index is read back)
+
+
+def _pieces_for_steps(pages: torch.Tensor, parts: int, step: int) -> torch.Tensor:
+    """How many equal pieces (at most ``parts``) to cut the timeline of requests of ``pages`` pages into: the fewest
+    page-times of the longest piece plus ``COMBINE_STEP_PAGES`` for each step the combine takes over ``step``
+    pieces at a time on the request cut into the most pieces (as _pieces_per_request does for equal requests);
+    ties go to more pieces. Every candidate's cut is counted as _schedule makes it ([candidates, b] positions)."""
+    cost = pages + FIXED_COST * (pages > 0)
+    start = torch.cumsum(cost, 0) - cost
+    total = cost.sum().clamp(min=1)   # (no pages at all: one piece, empty)
+    n = torch.arange(parts, 0, -1, device=pages.device)[:, None]   # the candidates, most pieces first
+
+    def piece(pos):  # the piece of n equal ones (boundaries k * total // n) that holds timeline position pos
+        return ((pos + 1) * n + total - 1) // total - 1
+
+    splits = torch.where(pages > 0, piece(start + pages - 1) - piece(start) + 1, 0).amax(dim=1)
+    steps = torch.where(splits > 1, -(-splits // step), 0)
+    t = -(-total // n[:, 0]) + COMBINE_STEP_PAGES * steps
+    return parts - torch.where(n[:, 0] <= total, t, t.max() + 1).argmin()   # (not n[...]: a 0-d index is read back)
 
 
 def _schedule(pages: torch.Tensor, parts: int, pieces, num_q_tokens_per_head_k: int
