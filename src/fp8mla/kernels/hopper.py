@@ -43,10 +43,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .. import formats
 from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
                         LOG2E, METADATA_WIDTH, PAGE_SIZE)
-from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_LOAD, RIGHT, ROPE_BF16_SMEM, S_BF16, VEC_SMEM, advance,
-                            Q_AS_IS, Q_PREQUANTIZED, dim_bit as _d, key_limits, load_cursor_start, load_cursor_step,
-                            load_q, online_softmax,
-                            part_start, pv_epilogue, request_range, softmax_epilogue, token_bit as _t)
+from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_AS_IS, Q_LOAD, Q_PREQUANTIZED, RIGHT, ROPE_BF16_SMEM,
+                            S_BF16, VEC_SMEM, advance, dim_bit as _d, key_limits, load_cursor_start, load_cursor_step,
+                            load_q, online_softmax, part_start, pv_epilogue, request_range, softmax_epilogue,
+                            token_bit as _t)
 from .launcher import CachedLauncher
 from .q_quant import quantize_q
 

@@ -105,7 +105,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
     for req in tl.range(begin_req, end_req + 1, disable_licm=True):  # see hopper.py
         seqlen, lo, hi = request_range(meta_ptr, seqlens_ptr, max_pages, req, begin_req, end_req)
         if lo < hi:
-            load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, q_ptr, Q_AS_IS)
+            load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, q_ptr, Q_AS_IS)  # no descales
             key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_i = gl.zeros([BLOCK_M], gl.float32, row_l)

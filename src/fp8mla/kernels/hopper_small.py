@@ -27,9 +27,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgrou
 from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8, FP8_ROPE_BF16, METADATA_WIDTH, PAGE_SIZE
 from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, hand_p, init_barriers, o_scale,
                      rope_operand, score_scale_log2, token_scales, transpose_next)
-from .hopper_common import (HALF, LEFT, Q_AS_IS, Q_QUANTIZE, RIGHT, dim_bit as _d, token_bit as _t, VEC_SMEM, key_limits,
-                            load_cursor_start, load_cursor_step, load_q, part_start, request_range, softmax_epilogue,
-                            split_slot)
+from .hopper_common import (HALF, LEFT, Q_AS_IS, Q_QUANTIZE, RIGHT, dim_bit as _d, token_bit as _t, VEC_SMEM,
+                            key_limits, load_cursor_start, load_cursor_step, load_q, part_start, request_range,
+                            softmax_epilogue, split_slot)
 from .launcher import CachedLauncher
 
 PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
