@@ -15,7 +15,7 @@ import time  # noqa: E402
 import fp8mla  # noqa: E402
 from fp8mla import api  # noqa: E402
 from fp8mla.inputs import make_problem  # noqa: E402
-from fp8mla.kernels import combine, hopper, hopper_bf16, hopper_small, launcher  # noqa: E402
+from fp8mla.kernels import combine, hopper, hopper_bf16, hopper_small, launcher, q_quant  # noqa: E402
 
 
 class FakeKernel:
@@ -43,7 +43,7 @@ def main():
     launcher._current_device = lambda: 0
     launcher._current_stream = lambda device: 0
     api.hopper_available = lambda device: True
-    for module in (hopper, hopper_small, hopper_bf16, combine):
+    for module in (hopper, hopper_small, hopper_bf16, combine, q_quant):
         module._launch.fn = FakeJit(module._launch.fn)
     for b, s_q, h_q in [(2, 1, 16), (64, 2, 64)]:
         p = make_problem(b, s_q, h_q, [512] * b, seed=0)
