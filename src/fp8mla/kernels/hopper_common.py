@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from .constants import BEGIN_PAGE, BEGIN_SPLIT, D_LATENT, D_ROPE, END_PAGE, FP8_MAX, LN2, PAGE_SIZE
@@ -53,42 +54,56 @@ def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_ptr, SOURCE
     SOURCE: Q_AS_IS, Q_QUANTIZE (the latent part to e4m3 with a scale per row, amax / 448, as q_quant.py does it)
     or Q_PREQUANTIZED (q_quant's packed rows: e4m3 latent then bf16 RoPE; the request's descales at descale_ptr).
     This code is on the critical path of every request's start: Q_QUANTIZE (up to 32 rows) reads the latent tile
-    once, whole (at most 128 values a thread); the other sources are copied in 128-column chunks, two loads in
-    flight per wait.
+    once, whole (at most 128 values a thread); the other sources are copied by cp.async, every copy issued before
+    the one wait (one trip to memory, no registers held).
     """
     ROWS: gl.constexpr = q_lat.shape[0]
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
-    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
-    ok = (rows < R)[:, None]
     if SOURCE == Q_QUANTIZE:
         gl.static_assert(ROWS <= 32, "the whole latent tile in registers")
+        row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
+        ok = (rows < R)[:, None]
         x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
         amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
         descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
         q_lat.store((x.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
+        r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
+        q_rope.store(gl.load(row_ptr + D_LATENT + r, mask=ok, other=0.0))
     else:
         if SOURCE == Q_PREQUANTIZED:
             descale = gl.load(descale_ptr + rows, mask=rows < R, other=1.0)
         else:
             descale = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
-        cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
         # q_lat as its column chunks (a swizzled tile is stored swizzle-width column block by block, so chunk c is
-        # [c]), indexed at run time so that the loop stays a loop: unrolled, this once-per-request code ran from a
-        # cold instruction cache (ncu at b=8 s_q=2 h_q=64: "no instruction" stalls)
+        # [c]), indexed at run time so that the loop stays a loop (once-per-request code runs from a cold
+        # instruction cache: ncu at b=8 s_q=2 h_q=64 showed "no instruction" stalls when it was unrolled)
         N_CHUNKS: gl.constexpr = D_LATENT // Q_CHUNK
         chunks = q_lat._reinterpret(q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
-        for c in range(0, N_CHUNKS, 2):
-            x0 = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)
-            x1 = gl.load(row_ptr + (c + 1) * Q_CHUNK + cols, mask=ok, other=0.0)
-            chunks.index(c).store(x0)
-            chunks.index(c + 1).store(x1)
-    r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
-    rope_ptr = row_ptr + D_LATENT
-    if SOURCE == Q_PREQUANTIZED:
-        rope_ptr = rope_ptr.to(gl.pointer_type(gl.bfloat16))   # past 512 e4m3 bytes
-    q_rope.store(gl.load(rope_ptr + r, mask=ok, other=0.0))
+        for c in range(N_CHUNKS):
+            _copy_rows_async(chunks.index(c), q_ptr, stride_qs, stride_qh, H, R, c * Q_CHUNK, False)
+        # the RoPE part: past 512 e4m3 bytes in q_quant's packed rows
+        _copy_rows_async(q_rope, q_ptr, stride_qs, stride_qh, H, R, D_LATENT, SOURCE == Q_PREQUANTIZED)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
     fence_async_shared()
     return descale
+
+
+@gluon.jit
+def _copy_rows_async(dst, q_ptr, stride_qs, stride_qh, H, R, col0, AS_BF16: gl.constexpr):
+    """cp.async of the CTA's query rows' columns col0 .. col0 + dst.shape[1] (of q's element type; AS_BF16: the
+    columns from there on are read as bf16) into dst, 16 bytes a copy; rows >= R are zero-filled."""
+    ROWS: gl.constexpr = dst.shape[0]
+    COLS: gl.constexpr = dst.shape[1]
+    VEC: gl.constexpr = 128 // dst.dtype.primitive_bitwidth
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, VEC], threads_per_warp=[32 * VEC // COLS, COLS // VEC],
+                                            warps_per_cta=[4, 1], order=[1, 0])
+    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, layout))
+    row_ptr = q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh + col0
+    if AS_BF16:
+        row_ptr = row_ptr.to(gl.pointer_type(gl.bfloat16))
+    cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
+    async_copy.async_copy_global_to_shared(dst, row_ptr[:, None] + cols[None, :], mask=(rows < R)[:, None])
 
 
 @gluon.jit
