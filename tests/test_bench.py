@@ -89,7 +89,8 @@ def test_cli_single_config_like_flashmla_test():
 def test_cli_default_suites():
     default = configs_from_args(parse(), tiny=False)
     assert [(c.b, c.s_q, c.h_q, c.mean_sk) for c in default] == [
-        (32, 2, 64, 8192), (48, 2, 64, 8192), (64, 2, 64, 8192), (128, 2, 64, 8192), (128, 1, 16, 8192)]
+        (32, 2, 64, 8192), (48, 2, 64, 8192), (64, 2, 64, 8192), (128, 2, 64, 8192),
+        (4, 2, 64, 65536), (64, 1, 128, 8192), (128, 1, 16, 8192)]
     accuracy = configs_from_args(parse("--accuracy"), tiny=False)
     assert {c.name for c in accuracy} == {"randn", "RoPE ×8", "long", "needle", "needle long"}
     assert max(c.mean_sk for c in accuracy) == 131072 and any(c.rope_scale == 8 for c in accuracy)

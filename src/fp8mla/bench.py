@@ -60,10 +60,13 @@ class Config:
 
 
 def speed_suite(tiny: bool = False) -> list[Config]:
-    """The seed table (s_q=2, h_q=64, 8k tokens) and one memory-bound config; ``tiny`` for the interpreter."""
+    """The seed table (s_q=2, h_q=64, 8k tokens), then the other rows the peers were measured on for
+    ../shared/ANCHORS.md (a long context, one token of 128 heads, the memory-bound config); ``tiny`` for the
+    interpreter."""
     if tiny:
         return [Config(b, 2, 16, 100) for b in (1, 2)] + [Config(2, 1, 16, 130)]
-    return [Config(b, 2, 64, 8192) for b in SEED_BATCHES] + [Config(128, 1, 16, 8192)]
+    return ([Config(b, 2, 64, 8192) for b in SEED_BATCHES]
+            + [Config(4, 2, 64, 65536), Config(64, 1, 128, 8192), Config(128, 1, 16, 8192)])
 
 
 def accuracy_suite(tiny: bool = False) -> list[Config]:

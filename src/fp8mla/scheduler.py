@@ -88,8 +88,9 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
     if num_parts is None and (parts * (1 - ALIGN_SLACK) <= b * (parts // b) or 2 * b <= parts):
         from .kernels.combine import step_splits   # (the kernels import this module)
         step = step_splits(b, num_q_tokens_per_head_k, parts, _sm_count(device))
-        # few requests of different lengths: as many pieces as fit the combine's steps best
-        pieces = _pieces_for_steps(pages, parts, step) if 2 * b <= parts else parts
+        # few requests of different lengths: as many pieces as fit the combine's steps best (one request is of
+        # one length: the cut below)
+        pieces = _pieces_for_steps(pages, parts, step) if 1 < b and 2 * b <= parts else parts
         if parts * (1 - ALIGN_SLACK) <= b * (parts // b):
             # requests of one length: each in the same number of equal pieces, the last few parts left empty
             pieces = torch.where((pages == pages[0]).all(), b * _pieces_per_request(pages[0], parts // b, step),

@@ -77,7 +77,7 @@ def tile(slices: int, pieces: int) -> dict:
     """The kernel's tile constants when the 512 columns are cut into ``slices`` and a split request has about
     ``pieces`` pieces: a step loads them all if it can (no second step's wait), but not many more (masked loads)."""
     width = D_LATENT.value // slices
-    step = min(1 << (pieces - 1).bit_length(), STEP_ELEMENTS // (COMBINE_ROWS * width))   # a power of two
+    step = min(triton.next_power_of_2(pieces), STEP_ELEMENTS // (COMBINE_ROWS * width))
     return dict(BLOCK_ROWS=COMBINE_ROWS, BLOCK_D=width, STEP_SPLITS=max(step, 2))
 
 
@@ -85,7 +85,7 @@ def tile(slices: int, pieces: int) -> dict:
 def plan(b: int, rows: int, parts: int, sms: int) -> tuple[int, dict]:
     """(slices of the 512 columns, tile constants) that merge the partial results of ``b`` requests of ``rows``
     query rows after a schedule of ``parts`` parts on ``sms`` SMs. The constants are shared: not to be changed."""
-    row_blocks = -(-rows // COMBINE_ROWS)
+    row_blocks = triton.cdiv(rows, COMBINE_ROWS)
     # few (request, row block) programs, e.g. one request cut into many pieces: the columns are split too (up to
     # 4 ways) so that the merge's reads come from enough SMs; 8 ways if that leaves most SMs idle still
     slices = 1
@@ -105,5 +105,5 @@ def launch_combine(out, lse, o_part, lse_part, num_splits):
     b, s_q, h_q, _ = out.shape
     parts = o_part.shape[0] - b   # o_part has b + parts rows
     slices, consts = plan(b, s_q * h_q, parts, scheduler._sm_count(out.device))
-    _launch((b, -(-s_q * h_q // COMBINE_ROWS), slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), consts,
-            num_warps=4)
+    row_blocks = -(-s_q * h_q // COMBINE_ROWS)   # (triton.cdiv is a ConstexprFunction: ~3 us a call here)
+    _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), consts, num_warps=4)
