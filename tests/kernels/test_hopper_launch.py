@@ -64,10 +64,11 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
     assert descale_k is (x["descale_k"] if kv_format == "fp8" else p.cache_seqlens)   # placeholder: never read
     if q_fp8:
         assert q is x["q"] and descale_q is x["descale_q"]
-    else:  # a bf16 q quantized before the launch: packed rows, a descale per row
-        want_q, want_descale = quantize_q(x["q"])
+    else:  # a bf16 q quantized before the launch: packed rows (the fp8 cache: RoPE e4m3 too), a descale per row
+        want_q, want_descale = quantize_q(x["q"], rope_fp8=kv_format == "fp8")
         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(descale_q, want_descale)
-        assert q.stride()[:3] == (2 * 64 * 640, 64 * 640, 640) and descale_q.shape == (2 * 2 * 64,)
+        width = 576 if kv_format == "fp8" else 640
+        assert q.stride()[:3] == (2 * 64 * width, 64 * width, width) and descale_q.shape == (2 * 2 * 64,)
 
 
 @pytest.mark.parametrize("s_q,h_q,rows", [(1, 16, 16), (2, 16, 32), (3, 8, 32), (1, 32, 32)])

@@ -6,11 +6,12 @@ warpgroup's 64 x 256 fp32 accumulator alone takes 128):
 
   softmax WG (4 warps)  issues the TMA loads of each KV page's latent [64, 512], RoPE [64, 64] (and per-token
                         scales) into a STAGES-deep shared-memory ring; copies q into shared memory (a bf16 q
-                        arrives quantized by q_quant.py: latent e4m3 with a scale per row, RoPE kept bf16);
-                        per page: S = q_lat.k_lat^T (FP8 wgmma) scaled
-                        + q_rope.k_rope^T (BF16 wgmma, its own accumulator); online softmax; P (times each
+                        arrives quantized by q_quant.py with a scale per row: for fp8_rope_bf16 its latent part,
+                        RoPE kept bf16; for the fp8 cache, whose RoPE keys are e4m3, the whole row);
+                        per page: S = q_lat.k_lat^T (FP8 wgmma) scaled + q_rope.k_rope^T (fp8_rope_bf16: BF16
+                        wgmma, its own accumulator; fp8: the same FP8 accumulation); online softmax; P (times each
                         token's V scale, times 448 / the page's largest scale) -> e4m3 -> shared memory, with the
-                        row rescale factor. A page's two Q.K^T products run on the tensor cores while the previous
+                        row rescale factor. A page's Q.K^T products run on the tensor cores while the previous
                         page's softmax runs.
   2 PV WGs (4 warps)    each owns 256 of the 512 output columns: transposes its half of the page's latent tile
                         into V^T (tokens contiguous: FP8 wgmma wants its B operand K-major), zeroing slots past the
@@ -43,7 +44,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .. import formats
 from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
                         LOG2E, METADATA_WIDTH, PAGE_SIZE)
-from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_AS_IS, Q_LOAD, Q_PREQUANTIZED, RIGHT, ROPE_BF16_SMEM,
+from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_AS_IS, Q_PREQUANTIZED, RIGHT, ROPE_BF16_SMEM,
                             S_BF16, VEC_SMEM, advance, dim_bit as _d, key_limits, load_cursor_start, load_cursor_step,
                             load_q, online_softmax, part_start, pv_epilogue, request_range, softmax_epilogue,
                             token_bit as _t)
@@ -166,19 +167,6 @@ def o_scale(v_unit, descale_k_ptr, KV_FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def rope_operand(k_rope_slot, k_rope_bf16, KV_FORMAT: gl.constexpr):
-    """A page's RoPE keys as the BF16 wgmma operand of a bf16 q_rope: the ring slot itself (fp8_rope_bf16 keeps
-    them bf16), or the "fp8" cache's e4m3 ones widened into k_rope_bf16."""
-    if KV_FORMAT == FP8:
-        k_rope_bf16.store(k_rope_slot.load(Q_LOAD).to(gl.bfloat16))
-        fence_async_shared()
-        src = k_rope_bf16
-    else:
-        src = k_rope_slot
-    return src
-
-
-@gluon.jit
 def token_scales(scale_tile, blk, seqlen, LOAD: gl.constexpr, TOK: gl.constexpr, KV_FORMAT: gl.constexpr):
     """fp8_rope_bf16: page blk's per-token scales (column 0 of its [64, SCALE_COLS] tile), read with LOAD straight
     into TOK, the scores' token layout; 0 past the sequence's end, whose slots may hold NaN. Other formats: 1."""
@@ -236,7 +224,7 @@ def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, 
 @gluon.jit
 def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr, stride_bt,
                 seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr,
-                sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale_smem, p_smem, alpha_smem,
+                sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_scale_smem, p_smem, alpha_smem,
                 norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
                 KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     R = H * S_Q
@@ -280,11 +268,10 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
                 acc = warpgroup_mma(q_lat, k_lat.index(s).permute((1, 0)),
                                     gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8), use_acc=False, is_async=True)
-                if Q_FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled per tensor afterwards
+                if KV_FORMAT == FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled afterwards
                     acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
                 else:  # BF16 RoPE product in its own accumulator, so both products run during the softmax
-                    rope_src = rope_operand(k_rope.index(s), k_rope_bf16, KV_FORMAT)
-                    acc_rope = warpgroup_mma(q_rope, rope_src.permute((1, 0)),
+                    acc_rope = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)),
                                              gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16), use_acc=False,
                                              is_async=True)
                 # ---- ... while the previous page's softmax runs ----
@@ -293,11 +280,13 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                                      l_i, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready,
                                                      p_free, KV_FORMAT)
                 k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD, col_l, KV_FORMAT)
-                if Q_FP8:
+                if KV_FORMAT == FP8:
                     acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
+                    if not Q_FP8:   # a scale per query row (an e4m3 q's is per tensor, in sm_scale_log2)
+                        acc = acc * q_scale[:, None]
                 else:
                     acc, acc_rope = warpgroup_mma_wait(0, deps=[acc, acc_rope, q_lat, q_rope, k_lat.index(s),
-                                                                rope_src])[:2]
+                                                                k_rope.index(s)])[:2]
                     acc = acc * q_scale[:, None] * k_scale[None, :] + gl.convert_layout(acc_rope, S_FP8,
                                                                                         assert_trivial=True)
                 mbarrier.arrive(kv_empty.index(s))
@@ -395,32 +384,24 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
 
 
 @gluon.jit
-def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORMAT: gl.constexpr,
-                      Q_FP8: gl.constexpr):
+def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORMAT: gl.constexpr):
     """Shared memory of the FP8 kernels' operands (this kernel's and hopper_small's): q (latent e4m3; RoPE e4m3
-    or bf16), a ring of RING pages (latent, RoPE, fp8_rope_bf16's token scales), a bf16 copy of one page's e4m3
-    RoPE (fp8 cache with a bf16 q), V^T (2 halves x 2 pages), and the softmax warpgroup's handoffs: P as
-    [rows, tokens] and the rows' rescale factors (2 pages), the rows' 1 / l. Unused operands alias a used one."""
+    with the fp8 cache, bf16 with fp8_rope_bf16), a ring of RING pages (latent, RoPE, fp8_rope_bf16's token
+    scales), V^T (2 halves x 2 pages), and the softmax warpgroup's handoffs: P as [rows, tokens] and the rows'
+    rescale factors (2 pages), the rows' 1 / l. Unused operands alias a used one."""
     q_lat = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_LATENT], LAT_SMEM)
-    if Q_FP8:
-        q_rope = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_ROPE], ROPE_FP8_SMEM)
-    else:
-        q_rope = gl.allocate_shared_memory(gl.bfloat16, [ROWS, D_ROPE], ROPE_BF16_SMEM)
+    q_rope = gl.allocate_shared_memory(rope_desc.dtype, [ROWS, D_ROPE], rope_desc.layout)
     k_lat = gl.allocate_shared_memory(gl.float8e4nv, [RING, PAGE_SIZE, D_LATENT], LAT_SMEM)
     k_rope = gl.allocate_shared_memory(rope_desc.dtype, [RING, PAGE_SIZE, D_ROPE], rope_desc.layout)
     if KV_FORMAT == FP8_ROPE_BF16:
         k_scale = gl.allocate_shared_memory(gl.float32, [RING, PAGE_SIZE, SCALE_COLS], SCALE_SMEM)
     else:
         k_scale = k_rope
-    if KV_FORMAT == FP8 and not Q_FP8:
-        k_rope_bf16 = gl.allocate_shared_memory(gl.bfloat16, [PAGE_SIZE, D_ROPE], ROPE_BF16_SMEM)
-    else:
-        k_rope_bf16 = q_rope
     vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)
     p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, PAGE_SIZE], P_SMEM)
     alpha_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], VEC_SMEM)
     norm_smem = gl.allocate_shared_memory(gl.float32, [ROWS], VEC_SMEM)
-    return q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem
+    return q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem
 
 
 @gluon.jit
@@ -451,14 +432,14 @@ def mla_decode_hopper_kernel(
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
-    q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
-        BLOCK_M, STAGES, rope_desc, KV_FORMAT, Q_FP8)
+    q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
+        BLOCK_M, STAGES, rope_desc, KV_FORMAT)
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(STAGES)
 
     gl.warp_specialize([
         (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr,
                        stride_bt, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr,
-                       descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_rope_bf16, k_scale,
+                       descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_scale,
                        p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
                        KV_FORMAT, Q_FP8, CAUSAL)),
         (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
@@ -529,7 +510,7 @@ def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_s
     q_fp8 = q.dtype != torch.bfloat16
     small_rows = hopper_small.rows_per_cta(rows)
     if not q_fp8 and not small_rows:  # the 64-row kernel takes a bf16 q quantized (packed rows, a scale per row)
-        q, descale_q = quantize_q(q)
+        q, descale_q = quantize_q(q, rope_fp8=kv_format == "fp8")
     args = (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
             block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta, num_splits,
             out, lse, o_part, lse_part, descale_q if descale_q is not None else dummy,

@@ -43,19 +43,20 @@ O_GROUP = gl.constexpr(gl.DistributedLinearLayout(
 
 # what load_q finds at q_ptr
 Q_AS_IS = gl.constexpr(0)         # q in q_lat's dtype (an e4m3 q in hopper.py, a bf16 q in hopper_bf16.py): copied
-Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (hopper_small): the latent part quantized here, RoPE kept bf16
+Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (hopper_small): quantized here
 Q_PREQUANTIZED = gl.constexpr(2)  # a bf16 q quantized before the launch (hopper.py): q_quant's packed rows
 
 
 @gluon.jit
 def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
-    """One request's query rows (as many as q_lat has) into shared memory; returns each row's latent descale.
+    """One request's query rows (as many as q_lat has) into shared memory; returns each row's descale.
 
-    SOURCE: Q_AS_IS, Q_QUANTIZE (the latent part to e4m3 with a scale per row, amax / 448, as q_quant.py does it)
-    or Q_PREQUANTIZED (q_quant's packed rows: e4m3 latent then bf16 RoPE; the request's descales at descale_ptr).
+    SOURCE: Q_AS_IS, Q_QUANTIZE (each row to e4m3 with a scale per row, amax / 448, as q_quant.py does it: the
+    latent part, and the RoPE part too where q_rope is e4m3) or Q_PREQUANTIZED (q_quant's packed rows: e4m3 latent,
+    then the RoPE part in q_rope's dtype; the request's descales at descale_ptr).
     This code is on the critical path of every request's start: Q_QUANTIZE (up to 32 rows) reads the latent tile
-    once, whole (at most 128 values a thread); the other sources are copied by cp.async, every copy issued before
-    the one wait (one trip to memory, no registers held).
+    once, whole (at most 128 values a thread); the other sources are copied by cp.async, every copy issued before the
+    one wait (one trip to memory, no registers held).
     """
     ROWS: gl.constexpr = q_lat.shape[0]
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
@@ -64,11 +65,18 @@ def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_ptr, SOURCE
         row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
         ok = (rows < R)[:, None]
         x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
+        rope_ptr = row_ptr + D_LATENT + gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
         amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
+        ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # one scale for the whole row: see q_quant.py
+        if ROPE_FP8:
+            x_rope = gl.load(rope_ptr, mask=ok, other=0.0)
+            amax = gl.maximum(amax, gl.max(gl.abs(x_rope.to(gl.float32)), axis=1))
         descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
         q_lat.store((x.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
-        r = gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
-        q_rope.store(gl.load(row_ptr + D_LATENT + r, mask=ok, other=0.0))
+        if ROPE_FP8:
+            q_rope.store((x_rope.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
+        else:
+            q_rope.store(gl.load(rope_ptr, mask=ok, other=0.0))
     else:
         if SOURCE == Q_PREQUANTIZED:
             descale = gl.load(descale_ptr + rows, mask=rows < R, other=1.0)
@@ -80,9 +88,8 @@ def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_ptr, SOURCE
         N_CHUNKS: gl.constexpr = D_LATENT // Q_CHUNK
         chunks = q_lat._reinterpret(q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
         for c in range(N_CHUNKS):
-            _copy_rows_async(chunks.index(c), q_ptr, stride_qs, stride_qh, H, R, c * Q_CHUNK, False)
-        # the RoPE part: past 512 e4m3 bytes in q_quant's packed rows
-        _copy_rows_async(q_rope, q_ptr, stride_qs, stride_qh, H, R, D_LATENT, SOURCE == Q_PREQUANTIZED)
+            _copy_rows_async(chunks.index(c), q_ptr, stride_qs, stride_qh, H, R, c * Q_CHUNK)
+        _copy_rows_async(q_rope, q_ptr, stride_qs, stride_qh, H, R, D_LATENT)
         async_copy.commit_group()
         async_copy.wait_group(0)
     fence_async_shared()
@@ -90,18 +97,16 @@ def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_ptr, SOURCE
 
 
 @gluon.jit
-def _copy_rows_async(dst, q_ptr, stride_qs, stride_qh, H, R, col0, AS_BF16: gl.constexpr):
-    """cp.async of the CTA's query rows' columns col0 .. col0 + dst.shape[1] (of q's element type; AS_BF16: the
-    columns from there on are read as bf16) into dst, 16 bytes a copy; rows >= R are zero-filled."""
+def _copy_rows_async(dst, q_ptr, stride_qs, stride_qh, H, R, col0):
+    """cp.async of the CTA's query rows into dst, 16 bytes a copy, from column col0 (of q's element type) on, read
+    as dst's dtype (q_quant's packed rows: bf16 RoPE after the e4m3 latent part); rows >= R are zero-filled."""
     ROWS: gl.constexpr = dst.shape[0]
     COLS: gl.constexpr = dst.shape[1]
     VEC: gl.constexpr = 128 // dst.dtype.primitive_bitwidth
     layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, VEC], threads_per_warp=[32 * VEC // COLS, COLS // VEC],
                                             warps_per_cta=[4, 1], order=[1, 0])
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, layout))
-    row_ptr = q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh + col0
-    if AS_BF16:
-        row_ptr = row_ptr.to(gl.pointer_type(gl.bfloat16))
+    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh + col0).to(gl.pointer_type(dst.dtype))
     cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
     async_copy.async_copy_global_to_shared(dst, row_ptr[:, None] + cols[None, :], mask=(rows < R)[:, None])
 

@@ -26,7 +26,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgrou
 
 from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8, FP8_ROPE_BF16, METADATA_WIDTH, PAGE_SIZE
 from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, hand_p, init_barriers, o_scale,
-                     rope_operand, score_scale_log2, token_scales, transpose_next)
+                     score_scale_log2, token_scales, transpose_next)
 from .hopper_common import (HALF, LEFT, Q_AS_IS, Q_QUANTIZE, RIGHT, dim_bit as _d, token_bit as _t, VEC_SMEM,
                             key_limits, load_cursor_start, load_cursor_step, load_q, part_start, request_range,
                             softmax_epilogue, split_slot)
@@ -46,10 +46,10 @@ SCALE_LOAD_T = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), 
 
 
 @triton.constexpr_function
-def ring_pages(rows, kv_format, q_fp8):
-    """KV pages in flight per CTA: 4 where they fit in shared memory (16 rows of an e4m3 q with the fp8 cache:
-    220 KB), else 3."""
-    return 4 if rows == 16 and q_fp8 and kv_format == FP8 else 3
+def ring_pages(rows, kv_format):
+    """KV pages in flight per CTA: 4 where they fit in shared memory (16 rows with the fp8 cache: 220 KB), else
+    3."""
+    return 4 if rows == 16 and kv_format == FP8 else 3
 
 
 @triton.constexpr_function
@@ -106,7 +106,7 @@ def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_acc, v_unit
 @gluon.jit
 def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr,
                 lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope,
-                k_rope_bf16, k_scale_smem, p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty, p_ready,
+                k_scale_smem, p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty, p_ready,
                 p_free, epi_ready, epi_free, KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     ROWS: gl.constexpr = q_lat.shape[0]
     RING: gl.constexpr = k_lat.shape[0]
@@ -141,11 +141,10 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                 mbarrier.wait(kv_ready.index(s), (it // RING) & 1)
                 acc = warpgroup_mma(k_lat.index(s), q_lat.permute((1, 0)),
                                     gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST), use_acc=False, is_async=True)
-                if Q_FP8:
+                if KV_FORMAT == FP8:
                     acc = warpgroup_mma(k_rope.index(s), q_rope.permute((1, 0)), acc, is_async=True)
                 else:
-                    rope_src = rope_operand(k_rope.index(s), k_rope_bf16, KV_FORMAT)
-                    acc_rope = warpgroup_mma(rope_src, q_rope.permute((1, 0)),
+                    acc_rope = warpgroup_mma(k_rope.index(s), q_rope.permute((1, 0)),
                                              gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST_BF16), use_acc=False,
                                              is_async=True)
                 # ---- ... while the previous page's softmax runs ----
@@ -154,11 +153,13 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                                                        m_i, l_acc, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem,
                                                        red, red_scale, p_ready, p_free, KV_FORMAT)
                 k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD_T, tok_l, KV_FORMAT)
-                if Q_FP8:
+                if KV_FORMAT == FP8:
                     acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
+                    if not Q_FP8:   # a scale per query row (an e4m3 q's is per tensor, in sm_scale_log2)
+                        acc = acc * q_scale[None, :]
                 else:
                     acc, acc_rope = warpgroup_mma_wait(0, deps=[acc, acc_rope, q_lat, q_rope, k_lat.index(s),
-                                                                rope_src])[:2]
+                                                                k_rope.index(s)])[:2]
                     acc = acc * k_scale[:, None] * q_scale[None, :] + gl.convert_layout(acc_rope, ST,
                                                                                         assert_trivial=True)
                 mbarrier.arrive(kv_empty.index(s))
@@ -259,8 +260,8 @@ def mla_decode_hopper_small_kernel(
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
-    q_lat, q_rope, k_lat, k_rope, k_scale, k_rope_bf16, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
-        ROWS, ring_pages(ROWS, KV_FORMAT, Q_FP8), rope_desc, KV_FORMAT, Q_FP8)
+    q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
+        ROWS, ring_pages(ROWS, KV_FORMAT), rope_desc, KV_FORMAT)
     red = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], RED_SMEM)    # per page parity, warp: row maxima
     red_scale = gl.allocate_shared_memory(gl.float32, [2, 4], VEC_SMEM)    # ... and the largest token scale
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(k_lat.shape[0])
@@ -268,7 +269,7 @@ def mla_decode_hopper_small_kernel(
     gl.warp_specialize([
         (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr,
                        lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope,
-                       k_rope_bf16, k_scale, p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty,
+                       k_scale, p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty,
                        p_ready, p_free, epi_ready, epi_free, KV_FORMAT, Q_FP8, CAUSAL)),
         (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
                   alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, LEFT)),

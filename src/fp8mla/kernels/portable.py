@@ -6,7 +6,8 @@ one block of query rows; rows fold as ``m = s * h_q + h`` so that all ``s_q * h_
 each KV page it loads.
 
 Arithmetic, per 64-token page:
-  S  = q_lat . k_lat^T   (FP8 dot, scales applied after)  +  q_rope . k_rope^T   (BF16 dot)
+  S  = q_lat . k_lat^T   (FP8 dot, scales applied after)  +  q_rope . k_rope^T   (BF16 dot; with the fp8 cache,
+                                                             whose RoPE keys are e4m3, FP8 in the same dot)
   online softmax in fp32, base 2
   O += P . V             (FP8 dot; P is multiplied by each token's V scale and by 448 / max scale of the page
                           before the e4m3 cast, so it uses the whole FP8 range; the factor is undone in fp32)
@@ -90,16 +91,17 @@ def mla_decode_split_kernel(
             q_rope = tl.load(q_rows[:, None] + D_LATENT + r[None, :], mask=row_ok[:, None], other=0.0)
             if Q_FP8:
                 q_scale = tl.load(descale_q_ptr) * descale_k + tl.zeros([BLOCK_M], tl.float32)
-                rope_scale = q_scale
             elif KV_FORMAT == BF16:
                 q_scale = tl.full([BLOCK_M], 1.0, tl.float32)
-                rope_scale = 1.0
-            else:
+            else:  # each row to e4m3 with its own scale; with the fp8 cache (e4m3 RoPE keys) the RoPE part too
                 amax = tl.max(tl.abs(q_lat.to(tl.float32)), axis=1)
+                if KV_FORMAT == FP8:
+                    amax = tl.maximum(amax, tl.max(tl.abs(q_rope.to(tl.float32)), axis=1))
                 q_descale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
                 q_lat = (q_lat.to(tl.float32) / q_descale[:, None]).to(tl.float8e4nv)
+                if KV_FORMAT == FP8:
+                    q_rope = (q_rope.to(tl.float32) / q_descale[:, None]).to(tl.float8e4nv)
                 q_scale = q_descale * descale_k
-                rope_scale = descale_k
 
             # causal, bottom-right aligned: query token s sees keys [0, seqlen - (S_Q - 1 - s))
             if CAUSAL:
@@ -123,10 +125,8 @@ def mla_decode_split_kernel(
                     s = tl.dot(q_lat, tl.trans(k_lat), max_num_imprecise_acc=FP8_PROMOTE_K)
                     if KV_FORMAT == FP8_ROPE_BF16:
                         s = s * q_scale[:, None] * k_scale[None, :] + tl.dot(q_rope, tl.trans(k_rope))
-                    elif Q_FP8:
+                    else:  # e4m3 q and cache throughout: one FP8 product
                         s = (s + tl.dot(q_rope, tl.trans(k_rope))) * q_scale[:, None]
-                    else:
-                        s = s * q_scale[:, None] + tl.dot(q_rope, tl.trans(k_rope.to(tl.bfloat16))) * rope_scale
                 visible = tok[None, :] < key_limit[:, None]
                 s = tl.where(visible, s * sm_scale_log2, float("-inf"))
 
