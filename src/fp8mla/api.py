@@ -83,8 +83,9 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     Drop-in for FlashMLA's ``flash_mla_with_kvcache`` (bf16) and vLLM's dense-FP8 FlashMLA call (e4m3 ``q``
     and cache with ``descale_q``/``descale_k`` of shape [1]).
 
-    q: ``[b, s_q, h_q, 576]`` bf16 (with an FP8 cache its latent part is quantized per query row on the GPU, its
-        RoPE part kept bf16), or float8_e4m3fn with ``descale_q`` for the flat ``"fp8"`` format.
+    q: ``[b, s_q, h_q, 576]`` bf16 (with an FP8 cache quantized per query row on the GPU: for ``"fp8_rope_bf16"``
+        its latent part, the RoPE part kept bf16; for ``"fp8"``, whose RoPE keys are e4m3, the whole row), or
+        float8_e4m3fn with ``descale_q`` for the flat ``"fp8"`` format.
     k_cache: ``[num_pages, 64, 1, row]`` in one of the formats of :mod:`fp8mla.formats`; ``kv_format`` names it,
         or it is inferred from dtype and row width.
     block_table: ``[b, max_pages]`` int32 page indices; cache_seqlens: ``[b]`` int32.
