@@ -12,6 +12,7 @@ does). The copies go to DIR (a temporary folder by default) and are timed like `
 import argparse
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -28,19 +29,23 @@ TRANSPOSE = ("""        if valid < PAGE_SIZE:
 """, "        pass\n")
 # fp8_rope_bf16's own work (the fp8 path with an e4m3 q is untouched: a control): its BF16 RoPE product and the
 # product's merge into S, and the per-token scales (read from the ring slot; all 1 instead)
-ROPE_WGMMA = """                    acc_rope = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)),
-                                             gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16), use_acc=False,
-                                             is_async=True)
-"""
-ROPE_MERGE = """                    acc, acc_rope = warpgroup_mma_wait(0, deps=[acc, acc_rope, q_lat, q_rope, k_lat.index(s),
-                                                                k_rope.index(s)])[:2]
-                    acc = acc * q_scale[:, None] * k_scale[None, :] + gl.convert_layout(acc_rope, S_FP8,
-                                                                                        assert_trivial=True)
-"""
-LATENT_ONLY = """                    acc = warpgroup_mma_wait(0, deps=[acc, q_lat, k_lat.index(s)])[0]
-                    acc = acc * q_scale[:, None] * k_scale[None, :]
-"""
-ROPE_PRODUCT = [(ROPE_WGMMA, "                    pass\n"), (ROPE_MERGE, LATENT_ONLY)]
+IN_PAGE_LOOP_BRANCH = " " * 20   # these lines' indentation in the kernel
+ROPE_WGMMA = textwrap.indent("""\
+acc_rope = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)),
+                         gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16), use_acc=False,
+                         is_async=True)
+""", IN_PAGE_LOOP_BRANCH)
+ROPE_MERGE = textwrap.indent("""\
+acc, acc_rope = warpgroup_mma_wait(0, deps=[acc, acc_rope, q_lat, q_rope, k_lat.index(s),
+                                            k_rope.index(s)])[:2]
+acc = acc * q_scale[:, None] * k_scale[None, :] + gl.convert_layout(acc_rope, S_FP8,
+                                                                    assert_trivial=True)
+""", IN_PAGE_LOOP_BRANCH)
+LATENT_ONLY = textwrap.indent("""\
+acc = warpgroup_mma_wait(0, deps=[acc, q_lat, k_lat.index(s)])[0]
+acc = acc * q_scale[:, None] * k_scale[None, :]
+""", IN_PAGE_LOOP_BRANCH)
+ROPE_PRODUCT = [(ROPE_WGMMA, IN_PAGE_LOOP_BRANCH + "pass\n"), (ROPE_MERGE, LATENT_ONLY)]
 TOKEN_SCALES = [("k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD, col_l, KV_FORMAT)",
                  "k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)")]
 ROPE_QK = ("                acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)\n", "")
