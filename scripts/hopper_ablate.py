@@ -1,6 +1,7 @@
 """Where a 64-row Hopper kernel's time goes: copies of it with one stage removed each (their results are wrong;
 they are only timed), against the working tree's, on the headline config (b=64 s_q=2 h_q=64, 8192 tokens,
-causal). ``--kernel fp8`` (kernels/hopper.py; fp8_rope_bf16 and fp8 with an e4m3 q) or ``--kernel bf16``
+causal). ``--kernel fp8`` (kernels/hopper.py; fp8_rope_bf16 and fp8 with an e4m3 q: the no_rope_product /
+no_token_scales copies change only fp8_rope_bf16's code, so fp8 is their control) or ``--kernel bf16``
 (kernels/hopper_bf16.py):
 
     PYTHONPATH=src python3 scripts/hopper_ablate.py [--kernel bf16] [--config B,S_Q,H_Q] [--out DIR]
@@ -11,6 +12,7 @@ does). The copies go to DIR (a temporary folder by default) and are timed like `
 import argparse
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -25,6 +27,27 @@ TRANSPOSE = ("""        if valid < PAGE_SIZE:
         else:
             _transpose_chunk(src, dst, valid, False)
 """, "        pass\n")
+# fp8_rope_bf16's own work (the fp8 path with an e4m3 q is untouched: a control): its BF16 RoPE product and the
+# product's merge into S, and the per-token scales (read from the ring slot; all 1 instead)
+IN_PAGE_LOOP_BRANCH = " " * 20   # these lines' indentation in the kernel
+ROPE_WGMMA = textwrap.indent("""\
+acc_rope = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)),
+                         gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16), use_acc=False,
+                         is_async=True)
+""", IN_PAGE_LOOP_BRANCH)
+ROPE_MERGE = textwrap.indent("""\
+acc, acc_rope = warpgroup_mma_wait(0, deps=[acc, acc_rope, q_lat, q_rope, k_lat.index(s),
+                                            k_rope.index(s)])[:2]
+acc = acc * q_scale[:, None] * k_scale[None, :] + gl.convert_layout(acc_rope, S_FP8,
+                                                                    assert_trivial=True)
+""", IN_PAGE_LOOP_BRANCH)
+LATENT_ONLY = textwrap.indent("""\
+acc = warpgroup_mma_wait(0, deps=[acc, q_lat, k_lat.index(s)])[0]
+acc = acc * q_scale[:, None] * k_scale[None, :]
+""", IN_PAGE_LOOP_BRANCH)
+ROPE_PRODUCT = [(ROPE_WGMMA, IN_PAGE_LOOP_BRANCH + "pass\n"), (ROPE_MERGE, LATENT_ONLY)]
+TOKEN_SCALES = [("k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD, col_l, KV_FORMAT)",
+                 "k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)")]
 ROPE_QK = ("                acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)\n", "")
 # the bf16 kernel's copies are launched through hopper.py's descriptors, as launch_hopper does for "bf16"
 BF16_LAUNCH = '''
@@ -42,7 +65,8 @@ def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_s
 SETUPS = {  # kernel: (source, timed formats, ablations, text appended to each copy)
     "fp8": ("hopper.py", [("fp8_rope_bf16", False), ("fp8", True)],
             {"no_softmax_math": [SOFTMAX], "no_transposes": [TRANSPOSE], "no_rescale": [RESCALE],
-             "none_of_the_three": [SOFTMAX, TRANSPOSE, RESCALE]}, ""),
+             "none_of_the_three": [SOFTMAX, TRANSPOSE, RESCALE], "no_rope_product": ROPE_PRODUCT,
+             "no_token_scales": TOKEN_SCALES, "neither_rope_nor_scales": ROPE_PRODUCT + TOKEN_SCALES}, ""),
     "bf16": ("hopper_bf16.py", [("bf16", False)],
              {"no_softmax_math": [SOFTMAX], "no_rescale": [RESCALE], "no_rope_qk": [ROPE_QK],
               "none_of_the_three": [SOFTMAX, RESCALE, ROPE_QK]}, BF16_LAUNCH),

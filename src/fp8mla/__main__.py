@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     demo = commands.add_parser("demo", help="accuracy of every cache format on a small batch (CPU or GPU)")
     demo.add_argument("--seqlens", type=int, nargs="+", default=SEQLENS, help="one cache length per request")
     demo.add_argument("--h-q", type=int, default=H_Q, help="query heads")
+    demo.add_argument("--seed", type=int, default=0, help="of the random inputs")
     args = parser.parse_args(argv)
 
     if args.command == "demo":
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from .demo import run_demo
 
-        _, table = run_demo(torch.device(_device_or_interpreter()), args.seqlens, args.h_q)
+        _, table = run_demo(torch.device(_device_or_interpreter()), args.seqlens, args.h_q, args.seed)
         print(table, end="")
         return 0
 

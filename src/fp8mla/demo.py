@@ -17,12 +17,13 @@ CASES = (("randn", 1.0), ("RoPE ×8", 8.0))
 VARIANTS = (("bf16", False), ("fp8", False), ("fp8", True), ("fp8_rope_bf16", False))  # (format, e4m3 q)
 
 
-def run_demo(device: torch.device, seqlens: list[int] = SEQLENS, h_q: int = H_Q) -> tuple[list[dict], str]:
-    """Decode every case and variant on ``device`` (one request per entry of ``seqlens``); returns the rows and
-    the markdown table."""
+def run_demo(device: torch.device, seqlens: list[int] = SEQLENS, h_q: int = H_Q, seed: int = 0
+             ) -> tuple[list[dict], str]:
+    """Decode every case and variant on ``device`` (one request per entry of ``seqlens``, inputs drawn with
+    ``seed``); returns the rows and the markdown table."""
     rows = []
     for case, rope_scale in CASES:
-        p = make_problem(len(seqlens), S_Q, h_q, seqlens, device=device, rope_scale=rope_scale, seed=0)
+        p = make_problem(len(seqlens), S_Q, h_q, seqlens, device=device, rope_scale=rope_scale, seed=seed)
         ref_out, ref_lse = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens, causal=True)
         meta, num_splits = get_mla_metadata(p.cache_seqlens, S_Q * h_q, 1)
         for kv_format, q_fp8 in VARIANTS:
@@ -37,7 +38,7 @@ def run_demo(device: torch.device, seqlens: list[int] = SEQLENS, h_q: int = H_Q)
                 row["error"] = describe(e)
             rows.append(row)
     where = "CUDA" if device.type == "cuda" else "CPU, Triton interpreter"
-    lines = [f"fp8mla demo ({where}): b={len(seqlens)} s_q={S_Q} h_q={h_q} seqlens={seqlens}, causal; "
+    lines = [f"fp8mla demo ({where}): b={len(seqlens)} s_q={S_Q} h_q={h_q} seqlens={seqlens}, causal, seed {seed}; "
              "out vs the fp32 reference on the unquantized inputs", "",
              "| case | cache format | q | cos_diff | RMSE | amax | lse err |", "|---|---|---|---|---|---|---|"]
     for r in rows:
