@@ -53,6 +53,7 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
     ((name, grid, args, constexprs, options),) = launches
     assert name == "hopper" and grid == (meta.shape[0], 2)
     assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True)
+    assert args[-3:] == (64, 2, 128)   # h_q, s_q and the query rows per request
     lat, rope, scale = args[4:7]
     assert list(lat.block_shape) == [64, 512] and lat.base.dtype == torch.float8_e4m3fn
     if kv_format == "fp8_rope_bf16":  # RoPE bf16 and each token's scale, from the same 656-byte rows
@@ -78,6 +79,7 @@ def test_few_query_rows_reach_the_small_rows_kernel(launches, kv_format, q_fp8, 
     ((name, grid, args, constexprs, options),) = launches
     assert name == "hopper_small" and grid == (meta.shape[0], 1) and args[0] is x["q"]   # quantized in the kernel
     assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ROWS=rows)
+    assert args[-3:] == (h_q, s_q, s_q * h_q)
 
 
 def test_more_query_rows_stay_on_the_64_row_kernel(launches):

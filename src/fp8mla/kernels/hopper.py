@@ -224,10 +224,9 @@ def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, 
 @gluon.jit
 def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr, stride_bt,
                 seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr,
-                sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_scale_smem, p_smem, alpha_smem,
+                sm_scale_log2, H, S_Q, R, q_lat, q_rope, k_lat, k_rope, k_scale_smem, p_smem, alpha_smem,
                 norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
                 KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
-    R = H * S_Q
     row_l: gl.constexpr = gl.SliceLayout(1, S_FP8)
     col_l: gl.constexpr = gl.SliceLayout(0, S_FP8)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
@@ -341,14 +340,13 @@ def transpose_next(k_lat, vt, kv_ready, kv_empty, slot, meta_ptr, seqlens_ptr, m
 
 @gluon.jit
 def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H,
-           S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
+           S_Q, R, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
            WG: gl.constexpr):
     """O[:, 256 WG : 256 (WG + 1)] for every page of the part.
 
     The transposes run one page ahead of the P.V wgmma (across request boundaries), so a ring slot is released
     without waiting for the softmax of the page before it.
     """
-    R = H * S_Q
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     t_req, t_blk, t_ok, t_len, t_hi = transpose_next(
@@ -429,7 +427,7 @@ def init_barriers(RING: gl.constexpr):
 def mla_decode_hopper_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
         block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
-        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
+        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
@@ -439,14 +437,14 @@ def mla_decode_hopper_kernel(
     gl.warp_specialize([
         (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc, block_table_ptr,
                        stride_bt, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr, lse_part_ptr, descale_q_ptr,
-                       descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, k_scale,
+                       descale_k_ptr, sm_scale_log2, H, S_Q, R, q_lat, q_rope, k_lat, k_rope, k_scale,
                        p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free,
                        KV_FORMAT, Q_FP8, CAUSAL)),
         (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
-                  S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
+                  S_Q, R, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
                   epi_free, LEFT)),
         (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
-                  S_Q, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
+                  S_Q, R, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
                   epi_free, RIGHT)),
     ], [4, 4], [PV_REGS, PV_REGS])
 
@@ -514,7 +512,7 @@ def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_s
     args = (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
             block_table, block_table.stride(0), block_table.shape[1], cache_seqlens, meta, num_splits,
             out, lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
-            descale_k if descale_k is not None else dummy, softmax_scale * LOG2E.value, h_q, s_q)
+            descale_k if descale_k is not None else dummy, softmax_scale * LOG2E.value, h_q, s_q, rows)
     constexprs = dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=causal)
     if small_rows:  # few query rows: the transposed kernel (same parameters), with no rows of padding to 64
         hopper_small._launch((meta.shape[0], 1), args, {**constexprs, "ROWS": small_rows}, num_warps=4)

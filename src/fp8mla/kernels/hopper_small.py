@@ -105,7 +105,7 @@ def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_acc, v_unit
 
 @gluon.jit
 def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, meta_ptr, num_splits_ptr, lse_ptr,
-                lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope,
+                lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R, q_lat, q_rope, k_lat, k_rope,
                 k_scale_smem, p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty, p_ready,
                 p_free, epi_ready, epi_free, KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
     ROWS: gl.constexpr = q_lat.shape[0]
@@ -115,7 +115,6 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                                                       instr_shape=[16, ROWS, 16])
     row_l: gl.constexpr = gl.SliceLayout(0, ST)   # query rows are S^T's columns
     tok_l: gl.constexpr = gl.SliceLayout(1, ST)
-    R = H * S_Q
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, row_l)
     s_idx = rows // H
     sm_scale_log2 = score_scale_log2(sm_scale_log2, descale_q_ptr, descale_k_ptr, KV_FORMAT, Q_FP8)
@@ -197,12 +196,11 @@ def _load_wg(lat_desc, rope_desc, scale_desc, block_table_ptr, stride_bt, seqlen
 
 
 @gluon.jit
-def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
+def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, R, k_lat, vt, p_smem,
            alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, WG: gl.constexpr):
     """O^T[256 WG : 256 (WG + 1), :] for every page of the part (hopper.py's _pv_wg, transposed)."""
     ROWS: gl.constexpr = p_smem.shape[1]
     OT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 32])
-    R = H * S_Q
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     t_req, t_blk, t_ok, t_len, t_hi = transpose_next(
@@ -257,7 +255,7 @@ def _pv_wg(max_pages, seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, o_part_ptr
 def mla_decode_hopper_small_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
         block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
-        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q,
+        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
@@ -268,12 +266,12 @@ def mla_decode_hopper_small_kernel(
 
     gl.warp_specialize([
         (_softmax_wg, (q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, meta, num_splits_ptr, lse_ptr,
-                       lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope,
-                       k_scale, p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty,
+                       lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R, q_lat, q_rope, k_lat,
+                       k_rope, k_scale, p_smem, alpha_smem, norm_smem, red, red_scale, kv_ready, kv_empty,
                        p_ready, p_free, epi_ready, epi_free, KV_FORMAT, Q_FP8, CAUSAL)),
-        (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
+        (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, R, k_lat, vt, p_smem,
                   alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, LEFT)),
-        (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, k_lat, vt, p_smem,
+        (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H, S_Q, R, k_lat, vt, p_smem,
                   alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, RIGHT)),
         (_load_wg, (lat_desc, rope_desc, scale_desc, block_table_ptr, stride_bt, seqlens_ptr, max_pages, meta, k_lat,
                     k_rope, k_scale, kv_ready, kv_empty, KV_FORMAT)),

@@ -37,7 +37,7 @@ class SassReport:
 
 
 # ints that are multiples of 16 in a typical call (a contiguous q of 576 columns, h_q in 16, 64, 128)
-TYPICAL_DIVISIBLE = ("stride_qb", "stride_qs", "stride_qh", "H")
+TYPICAL_DIVISIBLE = ("stride_qb", "stride_qs", "stride_qh", "H", "R")
 
 
 # the decode kernels' parameters of one type whatever the kernel
@@ -45,7 +45,7 @@ DECODE_TYPES = {"stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32", "blo
                 "stride_bt": "i32", "max_pages": "i32", "seqlens_ptr": "*i32", "meta_ptr": "*i32",
                 "num_splits_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "o_part_ptr": "*fp32",
                 "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32", "descale_k_ptr": "*fp32", "sm_scale_log2": "fp32",
-                "H": "i32", "S_Q": "i32"}
+                "H": "i32", "S_Q": "i32", "R": "i32"}
 
 
 def _part_type(kv_format: str) -> str:
