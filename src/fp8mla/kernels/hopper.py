@@ -208,15 +208,11 @@ def hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready
 
 
 @gluon.jit
-def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_i, v_unit, pt, sm_scale_log2, p_smem,
-                  alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
-    """Online softmax of one page's scores; hands P and the row rescale factor to the PV warpgroups.
-    Returns the new (m, l, V unit)."""
+def _softmax_page(sc, k_scale, scale_max, blk, key_limit, min_key_limit, m_i, l_i, v_unit, pt, sm_scale_log2,
+                  p_smem, alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
+    """Online softmax of one page's scores (token scales k_scale, their largest scale_max); hands P and the row
+    rescale factor to the PV warpgroups. Returns the new (m, l, V unit)."""
     p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2)
-    if KV_FORMAT == FP8_ROPE_BF16:
-        scale_max = gl.max(k_scale, axis=0)
-    else:
-        scale_max = 1.0   # hand_p keeps one unit throughout
     page_unit = hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready, p_free, 1, KV_FORMAT)
     return m_new, l_i, page_unit
 
@@ -261,6 +257,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             v_unit = gl.to_tensor(1.0)  # the V scale O is expressed in (page-local for fp8_rope_bf16)
             prev_s = gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8)
             prev_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
+            prev_max = 1.0   # fp8: hand_p keeps one unit throughout
             for blk in range(lo, hi):
                 # ---- S = q_lat.k_lat^T * scales + q_rope.k_rope^T for this page ... ----
                 s = it % STAGES
@@ -275,10 +272,14 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                              is_async=True)
                 # ---- ... while the previous page's softmax runs ----
                 if blk > lo:
-                    m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, blk - 1, key_limit, min_key_limit, m_i,
-                                                     l_i, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready,
-                                                     p_free, KV_FORMAT)
+                    m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, prev_max, blk - 1, key_limit,
+                                                     min_key_limit, m_i, l_i, v_unit, it - 1, sm_scale_log2, p_smem,
+                                                     alpha_smem, p_ready, p_free, KV_FORMAT)
                 k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD, col_l, KV_FORMAT)
+                if KV_FORMAT == FP8_ROPE_BF16:  # the scales' max here, while the wgmma runs, not in the softmax
+                    k_max = gl.max(k_scale, axis=0)
+                else:
+                    k_max = 1.0
                 if KV_FORMAT == FP8:
                     acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
                     if not Q_FP8:   # a scale per query row (an e4m3 q's is per tensor, in sm_scale_log2)
@@ -291,6 +292,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 mbarrier.arrive(kv_empty.index(s))
                 prev_s = acc
                 prev_scale = k_scale
+                prev_max = k_max
                 it += 1
                 if load_ok:  # refill this page's slot once the PV warpgroups have transposed it
                     _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
@@ -299,8 +301,9 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                     load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
                         meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
                         load_hi, begin_req, end_req)
-            m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, hi - 1, key_limit, min_key_limit, m_i, l_i, v_unit,
-                                             it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
+            m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, prev_max, hi - 1, key_limit, min_key_limit, m_i,
+                                             l_i, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free,
+                                             KV_FORMAT)
 
             # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
             softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, R, H, S_Q,
