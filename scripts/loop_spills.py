@@ -5,7 +5,7 @@ this machine (no GPU needed):
 
 A loop here is a backward branch whose body holds a QGMMA and no other such loop whole: the PV warpgroups' and the
 softmax warpgroup's page loops (a request loop that the page loop's branches interleave with shows up too).
-test_hopper's strict xfail counts local memory anywhere; this says whether any of it runs once a page."""
+test_hopper asserts no local memory anywhere; this says whether any that appears runs once a page."""
 import re
 
 from fp8mla.kernels import sass

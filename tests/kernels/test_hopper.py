@@ -73,13 +73,7 @@ def test_sass_output_stores_are_16_byte_vectors(hopper_sass, variant):
     assert r["STG"] - r["STG.E.128"] <= 8, r
 
 
-SPILLS = pytest.mark.xfail(strict=True, reason="known gap (issue 3): under the 168-register launch cap of three "
-                           "warpgroups ptxas spills a few values that live across the page loop (the softmax "
-                           "partition's request-level values, next to its two Q.K^T accumulators)")
-
-
-@pytest.mark.parametrize("variant", [pytest.param(v, marks=SPILLS) if v == "hopper[fp8_rope_bf16]" else v
-                                     for v in VARIANTS])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_sass_has_no_local_memory(hopper_sass, variant):
     r = hopper_sass[variant]
     assert (r["stack"], r["LDL"], r["STL"]) == (0, 0, 0), r

@@ -54,6 +54,9 @@ from .q_quant import quantize_q
 V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
 STAGES = gl.constexpr(2)     # KV pages in flight per CTA
 SCALE_COLS = gl.constexpr(4)  # fp32 columns TMA fetches from each token's scale (16 bytes: TMA's narrowest box)
+# fp8_rope_bf16's PV warpgroups give 8 registers each to the softmax warpgroup (168 + 16 = 184), which holds the
+# BF16 RoPE product's own accumulator: without them ptxas keeps a request's value in local memory
+ROPE_PV_REGS = gl.constexpr(160)
 SUPPORTED_FORMATS = ("bf16", "fp8", "fp8_rope_bf16")   # bf16: hopper_bf16.py
 
 # ---- layouts ----
@@ -449,7 +452,7 @@ def mla_decode_hopper_kernel(
         (_pv_wg, (max_pages, seqlens_ptr, meta, num_splits_ptr, out_ptr, o_part_ptr, H,
                   S_Q, R, k_lat, vt, p_smem, alpha_smem, norm_smem, kv_ready, kv_empty, p_ready, p_free, epi_ready,
                   epi_free, RIGHT)),
-    ], [4, 4], [PV_REGS, PV_REGS])
+    ], [4, 4], [ROPE_PV_REGS if KV_FORMAT == FP8_ROPE_BF16 else PV_REGS] * 2)
 
 
 # ---- host side ----
