@@ -435,6 +435,8 @@ def mla_decode_hopper_kernel(
         block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
+    """R = H * S_Q, the query rows per request, comes as a parameter: computed in the partitions, LLVM made it
+    one value before warp_specialize's branch, which ptxas kept in local memory."""
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
         BLOCK_M, STAGES, rope_desc, KV_FORMAT)
