@@ -82,9 +82,10 @@ def tile(slices: int, pieces: int) -> dict:
 
 
 @functools.lru_cache(maxsize=1024)   # once per batch shape: this is on every decode call's host path
-def plan(b: int, rows: int, parts: int, sms: int) -> tuple[int, dict]:
-    """(slices of the 512 columns, tile constants) that merge the partial results of ``b`` requests of ``rows``
-    query rows after a schedule of ``parts`` parts on ``sms`` SMs. The constants are shared: not to be changed."""
+def plan(b: int, rows: int, parts: int, sms: int) -> tuple[int, int, dict]:
+    """(row blocks, slices of the 512 columns, tile constants) that merge the partial results of ``b`` requests of
+    ``rows`` query rows after a schedule of ``parts`` parts on ``sms`` SMs. The constants are shared: not to be
+    changed."""
     row_blocks = triton.cdiv(rows, COMBINE_ROWS)
     # few (request, row block) programs, e.g. one request cut into many pieces: the columns are split too (up to
     # 4 ways) so that the merge's reads come from enough SMs; 8 ways if that leaves most SMs idle still
@@ -93,17 +94,16 @@ def plan(b: int, rows: int, parts: int, sms: int) -> tuple[int, dict]:
         slices *= 2
     if 2 * b * row_blocks * slices <= sms:
         slices = D_LATENT.value // MIN_COMBINE_DIMS
-    return slices, tile(slices, max(1, parts // b))   # about parts / b pieces a request
+    return row_blocks, slices, tile(slices, max(1, parts // b))   # about parts / b pieces a request
 
 
 def step_splits(b: int, rows: int, parts: int, sms: int) -> int:
     """How many pieces of a request one step of the combine merges (the scheduler's cut fits whole steps)."""
-    return plan(b, rows, parts, sms)[1]["STEP_SPLITS"]
+    return plan(b, rows, parts, sms)[2]["STEP_SPLITS"]
 
 
 def launch_combine(out, lse, o_part, lse_part, num_splits):
     b, s_q, h_q, _ = out.shape
     parts = o_part.shape[0] - b   # o_part has b + parts rows
-    slices, consts = plan(b, s_q * h_q, parts, scheduler._sm_count(out.device))
-    row_blocks = -(-s_q * h_q // COMBINE_ROWS)   # (triton.cdiv is a ConstexprFunction: ~3 us a call here)
+    row_blocks, slices, consts = plan(b, s_q * h_q, parts, scheduler._sm_count(out.device))
     _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), consts, num_warps=4)
