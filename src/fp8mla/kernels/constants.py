@@ -1,4 +1,6 @@
 """The format and schedule numbers of formats.py / scheduler.py as ``tl.constexpr``, for use inside kernels."""
+import math
+
 import triton.language as tl
 
 from .. import formats, scheduler
@@ -8,6 +10,7 @@ D_LATENT = tl.constexpr(formats.D_LATENT)
 D_ROPE = tl.constexpr(formats.D_ROPE)
 D_QK = tl.constexpr(formats.D_QK)
 FP8_MAX = tl.constexpr(formats.FP8_MAX)
+LOG2_FP8_MAX = tl.constexpr(math.log2(formats.FP8_MAX))  # P in units of 1 / 448: see online_softmax
 ROW_BYTES = tl.constexpr(formats.ROW_BYTES)
 SCALE_OFFSET = tl.constexpr(formats.SCALE_OFFSET)
 ROPE_OFFSET = tl.constexpr(formats.ROPE_OFFSET)

@@ -42,7 +42,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .. import formats
-from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16,
+from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, FP8_ROPE_BF16, LOG2_FP8_MAX,
                         LOG2E, METADATA_WIDTH, PAGE_SIZE)
 from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_AS_IS, Q_PREQUANTIZED, RIGHT, ROPE_BF16_SMEM,
                             S_BF16, VEC_SMEM, advance, dim_bit as _d, key_limits, load_cursor_start, load_cursor_step,
@@ -160,12 +160,12 @@ def score_scale_log2(sm_scale_log2, descale_q_ptr, descale_k_ptr, KV_FORMAT: gl.
 
 @gluon.jit
 def o_scale(v_unit, descale_k_ptr, KV_FORMAT: gl.constexpr):
-    """What O, accumulated from P in units of 1 / 448, is multiplied by at a request's end: the V scale (the "fp8"
-    format's per-tensor descale, or fp8_rope_bf16's current page unit) / 448."""
+    """What O is multiplied by at a request's end, besides 1 / l (P and l share their unit, 1 / 448): the V scale,
+    the "fp8" format's per-tensor descale or fp8_rope_bf16's current page unit."""
     if KV_FORMAT == FP8:
-        scale = gl.load(descale_k_ptr) / FP8_MAX
+        scale = gl.load(descale_k_ptr)
     else:
-        scale = v_unit / FP8_MAX
+        scale = v_unit
     return scale
 
 
@@ -188,15 +188,15 @@ def token_scales(scale_tile, blk, seqlen, LOAD: gl.constexpr, TOK: gl.constexpr,
 def hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready, p_free, TOKEN_AXIS: gl.constexpr,
            KV_FORMAT: gl.constexpr):
     """A page's P, as e4m3, and the rows' rescale factor to the PV warpgroups (P buffer pt % 2); returns the V unit
-    the page's P is in. P is times each token's V scale in units of the page's largest scale (scale_max), so e4m3
-    keeps its whole range; fp8 has one unit throughout. TOKEN_AXIS: p's token axis (1; 0 for hopper_small's P^T,
+    the page's P is in. p comes in units of 1 / 448 (up to 448: e4m3's range); for fp8_rope_bf16 it is times each
+    token's V scale in units of the page's largest scale (scale_max), so e4m3 keeps its whole range; fp8 has one
+    unit throughout. TOKEN_AXIS: p's token axis (1; 0 for hopper_small's P^T,
     stored transposed): P goes to shared memory as [rows, tokens]."""
     if KV_FORMAT == FP8_ROPE_BF16:
         page_unit = gl.maximum(scale_max, 1e-30)
-        p = p * gl.expand_dims(k_scale * (FP8_MAX / page_unit), 1 - TOKEN_AXIS)
+        p = p * gl.expand_dims(k_scale * (1.0 / page_unit), 1 - TOKEN_AXIS)
     else:
         page_unit = v_unit
-        p = p * FP8_MAX
     alpha = alpha * (v_unit / page_unit)
     pb = pt % 2
     mbarrier.wait(p_free.index(pb), ((pt // 2) & 1) ^ 1)
@@ -215,7 +215,7 @@ def _softmax_page(sc, k_scale, scale_max, blk, key_limit, min_key_limit, m_i, l_
                   p_smem, alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
     """Online softmax of one page's scores (token scales k_scale, their largest scale_max); hands P and the row
     rescale factor to the PV warpgroups. Returns the new (m, l, V unit)."""
-    p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2)
+    p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2, LOG2_FP8_MAX)
     page_unit = hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready, p_free, 1, KV_FORMAT)
     return m_new, l_i, page_unit
 
@@ -311,7 +311,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
             softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, R, H, S_Q,
                              sm_scale_log2, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, norm_smem, epi_ready,
-                             epi_free, n_req)
+                             epi_free, n_req, LOG2_FP8_MAX)
             n_req += 1
 
 

@@ -184,11 +184,12 @@ def load_cursor_step(meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_page
 
 
 @gluon.jit
-def online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2):
+def online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2, P_LOG2: gl.constexpr):
     """One step of online softmax over scores sc [rows, n tokens] of the keys [n blk, n (blk + 1)) (a page, or a
-    part of pages): (p, alpha, new m, new l).
+    part of pages): (p, alpha, new m, new l), p and l in units of 2^-P_LOG2.
 
-    Scores and m stay unscaled (softmax_scale > 0, checked by the API): the scale goes into the exp2's FFMA. Base
+    Scores and m stay unscaled (softmax_scale > 0, checked by the API): the scale goes into the exp2's FFMA, and
+    so does P's unit (for FP8 P, 1 / 448: p up to 448 fills e4m3's range without a multiply per element). Base
     2; a row that has seen no key yet keeps m = -inf and p = 0. Only steps with keys that some row must not see
     pay for the mask, which also drops NaN slots past the sequence's end.
     """
@@ -198,7 +199,7 @@ def online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2):
         sc = gl.where(tok[None, :] < key_limit[:, None], sc, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(sc, axis=1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2)[:, None])
+    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2 - P_LOG2)[:, None])
     alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
@@ -218,16 +219,16 @@ def key_limits(seqlen, s_idx, S_Q, CAUSAL: gl.constexpr):
 
 @gluon.jit
 def softmax_epilogue(o_scale, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr, num_splits_ptr,
-                     lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req):
+                     lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req, P_LOG2: gl.constexpr):
     """The softmax warpgroup's end of a request: o_scale / l per row to the PV warpgroups (request n_req's
     handoff; pv_epilogue takes it), and the lse to the output's lse (a request with one split) or to its partial
-    slot."""
+    slot. l is in P's units, 2^-P_LOG2 (online_softmax)."""
     seen = l_i > 0
     mbarrier.wait(epi_free, (n_req & 1) ^ 1)
     norm_smem.store(gl.where(seen, o_scale / l_i, 0.0))
     mbarrier.arrive(epi_ready)
     direct, split = split_slot(meta_ptr, num_splits_ptr, req, begin_req)
-    lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i)) * LN2, float("inf"))
+    lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i) - P_LOG2) * LN2, float("inf"))
     row_ok = rows < R
     if direct:
         gl.store(lse_ptr + req * R + (rows % H) * S_Q + rows // H, lse, mask=row_ok)

@@ -24,7 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgroup_mma, warpgroup_mma_init,
                                                               warpgroup_mma_wait)
 
-from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8, FP8_ROPE_BF16, METADATA_WIDTH, PAGE_SIZE
+from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8, FP8_ROPE_BF16, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
 from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, hand_p, init_barriers, o_scale,
                      score_scale_log2, token_scales, transpose_next)
 from .hopper_common import (HALF, LEFT, Q_AS_IS, Q_QUANTIZE, RIGHT, dim_bit as _d, token_bit as _t, VEC_SMEM,
@@ -96,7 +96,7 @@ def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_acc, v_unit
     page_max, scale_max = _page_max(sc, k_scale, red, red_scale, pt, KV_FORMAT)
     m_new = gl.maximum(m_i, page_max)
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2)[None, :])
+    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2 - LOG2_FP8_MAX)[None, :])   # as online_softmax's
     alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
     l_acc = l_acc * alpha[None, :] + p
     page_unit = hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready, p_free, 0, KV_FORMAT)
@@ -173,7 +173,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
             # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
             softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, R, H, S_Q,
                              sm_scale_log2, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, norm_smem, epi_ready,
-                             epi_free, n_req)
+                             epi_free, n_req, LOG2_FP8_MAX)
             n_req += 1
 
 
