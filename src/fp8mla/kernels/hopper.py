@@ -190,8 +190,8 @@ def hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready
     """A page's P, as e4m3, and the rows' rescale factor to the PV warpgroups (P buffer pt % 2); returns the V unit
     the page's P is in. p comes in units of 1 / 448 (up to 448: e4m3's range); for fp8_rope_bf16 it is times each
     token's V scale in units of the page's largest scale (scale_max), so e4m3 keeps its whole range; fp8 has one
-    unit throughout. TOKEN_AXIS: p's token axis (1; 0 for hopper_small's P^T,
-    stored transposed): P goes to shared memory as [rows, tokens]."""
+    unit throughout. TOKEN_AXIS: p's token axis (1; 0 for hopper_small's P^T, stored transposed): P goes to
+    shared memory as [rows, tokens]."""
     if KV_FORMAT == FP8_ROPE_BF16:
         page_unit = gl.maximum(scale_max, 1e-30)
         p = p * gl.expand_dims(k_scale * (1.0 / page_unit), 1 - TOKEN_AXIS)

@@ -79,7 +79,8 @@ def _softmax_page(sc, blk, key_limit, min_key_limit, m_i, l_i, it, sm_scale_log2
                   p_free):
     """Online softmax of one page's scores; hands P (bf16) and the row rescale factor to the PV warpgroups.
     Returns the new (m, l)."""
-    p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2, 0.0)
+    p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2,
+                                          P_LOG2=0.0)   # bf16 P in plain units
     mbarrier.wait(p_free, (it & 1) ^ 1)
     p_smem.store(p.to(gl.bfloat16))
     alpha_smem.store(alpha)
@@ -129,7 +130,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
 
             # ---- epilogue: 1/l to the PV warpgroups; lse ----
             softmax_epilogue(1.0, m_i, l_i, rows, req, begin_req, R, H, S_Q, sm_scale_log2, meta_ptr, num_splits_ptr,
-                             lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req, 0.0)
+                             lse_ptr, lse_part_ptr, norm_smem, epi_ready, epi_free, n_req, P_LOG2=0.0)
             n_req += 1
 
 
