@@ -19,8 +19,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 import hopper_check  # noqa: E402
 
 KERNELS = Path(__file__).parent.parent / "src" / "fp8mla" / "kernels"
-SOFTMAX = ("p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2)",
-           "p, alpha, m_new, l_i = sc, gl.full_like(m_i, 1.0), m_i, l_i")
+NO_SOFTMAX = "p, alpha, m_new, l_i = sc, gl.full_like(m_i, 1.0), m_i, l_i"
+SOFTMAX = ("p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2, "
+           "LOG2_FP8_MAX)", NO_SOFTMAX)
+SOFTMAX_BF16 = ("""p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2,
+                                          P_LOG2=0.0)""", NO_SOFTMAX)
 RESCALE = ("o * alpha[:, None],", "o,")
 TRANSPOSE = ("""        if valid < PAGE_SIZE:
             _transpose_chunk(src, dst, valid, True)
@@ -68,8 +71,8 @@ SETUPS = {  # kernel: (source, timed formats, ablations, text appended to each c
              "none_of_the_three": [SOFTMAX, TRANSPOSE, RESCALE], "no_rope_product": ROPE_PRODUCT,
              "no_token_scales": TOKEN_SCALES, "neither_rope_nor_scales": ROPE_PRODUCT + TOKEN_SCALES}, ""),
     "bf16": ("hopper_bf16.py", [("bf16", False)],
-             {"no_softmax_math": [SOFTMAX], "no_rescale": [RESCALE], "no_rope_qk": [ROPE_QK],
-              "none_of_the_three": [SOFTMAX, RESCALE, ROPE_QK]}, BF16_LAUNCH),
+             {"no_softmax_math": [SOFTMAX_BF16], "no_rescale": [RESCALE], "no_rope_qk": [ROPE_QK],
+              "none_of_the_three": [SOFTMAX_BF16, RESCALE, ROPE_QK]}, BF16_LAUNCH),
 }
 
 
