@@ -19,11 +19,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 import hopper_check  # noqa: E402
 
 KERNELS = Path(__file__).parent.parent / "src" / "fp8mla" / "kernels"
-NO_SOFTMAX = "p, alpha, m_new, l_i = sc, gl.full_like(m_i, 1.0), m_i, l_i"
-SOFTMAX = ("p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2, "
-           "LOG2_FP8_MAX)", NO_SOFTMAX)
+SOFTMAX = ("p, alpha, m_new = softmax_step(sc, blk, key_limit, min_key_limit, m_i, sm_scale_log2, LOG2_FP8_MAX)",
+           "p, alpha, m_new = sc, gl.full_like(m_i, 1.0), m_i")
 SOFTMAX_BF16 = ("""p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2,
-                                          P_LOG2=0.0)""", NO_SOFTMAX)
+                                          P_LOG2=0.0)""", "p, alpha, m_new, l_i = sc, gl.full_like(m_i, 1.0), m_i, l_i")
 RESCALE = ("o * alpha[:, None],", "o,")
 TRANSPOSE = ("""        if valid < PAGE_SIZE:
             _transpose_chunk(src, dst, valid, True)

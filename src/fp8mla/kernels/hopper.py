@@ -46,7 +46,7 @@ from .constants import (BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, FORMAT_CODE, FP8, 
                         LOG2E, METADATA_WIDTH, PAGE_SIZE)
 from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_AS_IS, Q_PREQUANTIZED, RIGHT, ROPE_BF16_SMEM,
                             S_BF16, VEC_SMEM, advance, dim_bit as _d, key_limits, load_cursor_start, load_cursor_step,
-                            load_q, online_softmax, part_start, pv_epilogue, request_range, softmax_epilogue,
+                            load_q, part_start, pv_epilogue, request_range, softmax_epilogue, softmax_step,
                             token_bit as _t)
 from .launcher import CachedLauncher
 from .q_quant import quantize_q
@@ -77,6 +77,20 @@ SCALE_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t
                                                      lane_bases=[_t(1), _t(2), [0, 0], [0, 0], [0, 0]],
                                                      warp_bases=[[0, 0], [0, 0]], block_bases=[],
                                                      shape=[64, SCALE_COLS.value]))
+
+
+# The rows' running sums of P per lane [64 rows, 4]: the four lanes that hold a row in S_FP8 (token bits 1-2) each
+# sum the 16 tokens they hold; the lanes' sums meet once, at the request's end, instead of by shuffles every page
+# (which wait behind the PV warps' shared-memory traffic).
+L_LANES = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_t(3)], lane_bases=[_d(0), _d(1), _t(0), _t(1), _t(2)],
+                                                  warp_bases=[_t(4), _t(5)], block_bases=[], shape=[64, 4]))
+
+
+@gluon.jit
+def _lane_sums(p):
+    """Each thread's sum of the tokens it holds in each of its rows of p [64 rows, 64 tokens] (S_FP8): [64, 4]."""
+    x = gl.reshape(p, [BLOCK_M, 8, 4, 2])   # token bits 3-5 (registers), 1-2 (lanes), 0 (registers)
+    return gl.convert_layout(gl.sum(gl.sum(x, axis=3), axis=1), L_LANES, assert_trivial=True)
 
 
 # A [64 tokens, 128 dims] chunk of V as read for the transpose: each thread holds 4 dims x 16 tokens, so the LDSM
@@ -211,13 +225,15 @@ def hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready
 
 
 @gluon.jit
-def _softmax_page(sc, k_scale, scale_max, blk, key_limit, min_key_limit, m_i, l_i, v_unit, pt, sm_scale_log2,
+def _softmax_page(sc, k_scale, scale_max, blk, key_limit, min_key_limit, m_i, l_lanes, v_unit, pt, sm_scale_log2,
                   p_smem, alpha_smem, p_ready, p_free, KV_FORMAT: gl.constexpr):
     """Online softmax of one page's scores (token scales k_scale, their largest scale_max); hands P and the row
-    rescale factor to the PV warpgroups. Returns the new (m, l, V unit)."""
-    p, alpha, m_new, l_i = online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2, LOG2_FP8_MAX)
+    rescale factor to the PV warpgroups. Returns the new (m, per-lane row sums, V unit)."""
+    p, alpha, m_new = softmax_step(sc, blk, key_limit, min_key_limit, m_i, sm_scale_log2, LOG2_FP8_MAX)
+    l_lanes = l_lanes * gl.convert_layout(alpha, gl.SliceLayout(1, L_LANES), assert_trivial=True)[:, None] + \
+        _lane_sums(p)
     page_unit = hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready, p_free, 1, KV_FORMAT)
-    return m_new, l_i, page_unit
+    return m_new, l_lanes, page_unit
 
 
 @gluon.jit
@@ -256,7 +272,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                        Q_AS_IS if Q_FP8 else Q_PREQUANTIZED), row_l)
             key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
-            l_i = gl.zeros([BLOCK_M], gl.float32, row_l)
+            l_lanes = gl.zeros([BLOCK_M, 4], gl.float32, L_LANES)
             v_unit = gl.to_tensor(1.0)  # the V scale O is expressed in (page-local for fp8_rope_bf16)
             prev_s = gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8)
             prev_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
@@ -275,9 +291,9 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                                              is_async=True)
                 # ---- ... while the previous page's softmax runs ----
                 if blk > lo:
-                    m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, prev_max, blk - 1, key_limit,
-                                                     min_key_limit, m_i, l_i, v_unit, it - 1, sm_scale_log2, p_smem,
-                                                     alpha_smem, p_ready, p_free, KV_FORMAT)
+                    m_i, l_lanes, v_unit = _softmax_page(prev_s, prev_scale, prev_max, blk - 1, key_limit,
+                                                         min_key_limit, m_i, l_lanes, v_unit, it - 1, sm_scale_log2,
+                                                         p_smem, alpha_smem, p_ready, p_free, KV_FORMAT)
                 k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD, col_l, KV_FORMAT)
                 if KV_FORMAT == FP8_ROPE_BF16:  # the scales' max here, while the wgmma runs, not in the softmax
                     k_max = gl.max(k_scale, axis=0)
@@ -304,11 +320,12 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                     load_req, load_blk, load_ok, load_len, load_hi, load_page = load_cursor_step(
                         meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_pages, load_req, load_blk, load_len,
                         load_hi, begin_req, end_req)
-            m_i, l_i, v_unit = _softmax_page(prev_s, prev_scale, prev_max, hi - 1, key_limit, min_key_limit, m_i,
-                                             l_i, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem, p_ready, p_free,
-                                             KV_FORMAT)
+            m_i, l_lanes, v_unit = _softmax_page(prev_s, prev_scale, prev_max, hi - 1, key_limit, min_key_limit,
+                                                 m_i, l_lanes, v_unit, it - 1, sm_scale_log2, p_smem, alpha_smem,
+                                                 p_ready, p_free, KV_FORMAT)
 
             # ---- epilogue: 1/l and the FP8 unit to the PV warpgroups; lse ----
+            l_i = gl.convert_layout(gl.sum(l_lanes, axis=1), row_l, assert_trivial=True)
             softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, R, H, S_Q,
                              sm_scale_log2, meta_ptr, num_splits_ptr, lse_ptr, lse_part_ptr, norm_smem, epi_ready,
                              epi_free, n_req, LOG2_FP8_MAX)

@@ -184,9 +184,9 @@ def load_cursor_step(meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_page
 
 
 @gluon.jit
-def online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2, P_LOG2: gl.constexpr):
+def softmax_step(sc, blk, key_limit, min_key_limit, m_i, sm_scale_log2, P_LOG2: gl.constexpr):
     """One step of online softmax over scores sc [rows, n tokens] of the keys [n blk, n (blk + 1)) (a page, or a
-    part of pages): (p, alpha, new m, new l), p and l in units of 2^-P_LOG2.
+    part of pages): (p, alpha, new m), p in units of 2^-P_LOG2; the row sums are the caller's (online_softmax).
 
     Scores and m stay unscaled (softmax_scale > 0, checked by the API): the scale goes into the exp2's FFMA, and
     so does P's unit (for FP8 P, 1 / 448: p up to 448 fills e4m3's range without a multiply per element). Base
@@ -201,6 +201,13 @@ def online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2, P
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2 - P_LOG2)[:, None])
     alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+    return p, alpha, m_new
+
+
+@gluon.jit
+def online_softmax(sc, blk, key_limit, min_key_limit, m_i, l_i, sm_scale_log2, P_LOG2: gl.constexpr):
+    """softmax_step and the rows' sums: (p, alpha, new m, new l), l in P's units."""
+    p, alpha, m_new = softmax_step(sc, blk, key_limit, min_key_limit, m_i, sm_scale_log2, P_LOG2)
     return p, alpha, m_new, l_i * alpha + gl.sum(p, axis=1)
 
 
