@@ -79,17 +79,19 @@ SCALE_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t
                                                      shape=[64, SCALE_COLS.value]))
 
 
-# The rows' running sums of P per lane [64 rows, 4]: the four lanes that hold a row in S_FP8 (token bits 1-2) each
-# sum the 16 tokens they hold; the lanes' sums meet once, at the request's end, instead of by shuffles every page
+# The rows' running sums of P per lane [64 rows, ROW_LANES]: the lanes that hold a row in S_FP8 (token bits 1-2)
+# each sum the 16 tokens they hold; their sums meet once, at the request's end, instead of by shuffles every page
 # (which wait behind the PV warps' shared-memory traffic).
+ROW_LANES = gl.constexpr(4)
 L_LANES = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_t(3)], lane_bases=[_d(0), _d(1), _t(0), _t(1), _t(2)],
-                                                  warp_bases=[_t(4), _t(5)], block_bases=[], shape=[64, 4]))
+                                                  warp_bases=[_t(4), _t(5)], block_bases=[],
+                                                  shape=[64, ROW_LANES.value]))
 
 
 @gluon.jit
 def _lane_sums(p):
     """Each thread's sum of the tokens it holds in each of its rows of p [64 rows, 64 tokens] (S_FP8): [64, 4]."""
-    x = gl.reshape(p, [BLOCK_M, 8, 4, 2])   # token bits 3-5 (registers), 1-2 (lanes), 0 (registers)
+    x = gl.reshape(p, [BLOCK_M, 8, ROW_LANES, 2])   # token bits 3-5 (registers), 1-2 (lanes), 0 (registers)
     return gl.convert_layout(gl.sum(gl.sum(x, axis=3), axis=1), L_LANES, assert_trivial=True)
 
 
@@ -230,8 +232,8 @@ def _softmax_page(sc, k_scale, scale_max, blk, key_limit, min_key_limit, m_i, l_
     """Online softmax of one page's scores (token scales k_scale, their largest scale_max); hands P and the row
     rescale factor to the PV warpgroups. Returns the new (m, per-lane row sums, V unit)."""
     p, alpha, m_new = softmax_step(sc, blk, key_limit, min_key_limit, m_i, sm_scale_log2, LOG2_FP8_MAX)
-    l_lanes = l_lanes * gl.convert_layout(alpha, gl.SliceLayout(1, L_LANES), assert_trivial=True)[:, None] + \
-        _lane_sums(p)
+    alpha_lanes = gl.convert_layout(alpha, gl.SliceLayout(1, L_LANES), assert_trivial=True)
+    l_lanes = l_lanes * alpha_lanes[:, None] + _lane_sums(p)
     page_unit = hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready, p_free, 1, KV_FORMAT)
     return m_new, l_lanes, page_unit
 
@@ -272,7 +274,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                        Q_AS_IS if Q_FP8 else Q_PREQUANTIZED), row_l)
             key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
-            l_lanes = gl.zeros([BLOCK_M, 4], gl.float32, L_LANES)
+            l_lanes = gl.zeros([BLOCK_M, ROW_LANES], gl.float32, L_LANES)
             v_unit = gl.to_tensor(1.0)  # the V scale O is expressed in (page-local for fp8_rope_bf16)
             prev_s = gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8)
             prev_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)
