@@ -1,8 +1,14 @@
 """Test setup: without a GPU every kernel runs in Triton's interpreter (with fp8mla's fixes for its defects)."""
 import os
+from pathlib import Path
 
 import pytest
 import torch
+
+SRC = str(Path(__file__).resolve().parent.parent / "src")
+# the subprocesses the tests start (SASS reports, the demo, the sanitizers' runs) import this tree's fp8mla too,
+# as pytest's pythonpath makes this process do, not an installed copy of another tree
+os.environ["PYTHONPATH"] = os.pathsep.join([SRC] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 HAS_GPU = torch.cuda.is_available()
 if not HAS_GPU:
