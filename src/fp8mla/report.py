@@ -118,7 +118,7 @@ def plot_tflops(rows: list[dict], path: str) -> str | None:
     if not groups:
         return None
     group = max(groups.values(), key=lambda g: len({r["config"]["b"] for r in g}))
-    fig = Figure(figsize=(8, 5))
+    fig = Figure(figsize=(10, 5))
     FigureCanvasAgg(fig)
     ax = fig.subplots()
     for method in dict.fromkeys(r["method"] for r in group):
@@ -134,7 +134,7 @@ def plot_tflops(rows: list[dict], path: str) -> str | None:
     ax.set_ylabel("TFLOPS (FlashMLA's formula)")
     ax.set_title("MLA decode, " + group[0]["label"].split(" ", 1)[1])
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the axes: it hides no point
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     return path
