@@ -9,10 +9,10 @@ warpgroup's 64 x 256 fp32 accumulator alone takes 128):
                         arrives quantized by q_quant.py with a scale per row: for fp8_rope_bf16 its latent part,
                         RoPE kept bf16; for the fp8 cache, whose RoPE keys are e4m3, the whole row);
                         per page: S = q_lat.k_lat^T (FP8 wgmma) scaled + q_rope.k_rope^T (fp8_rope_bf16: BF16
-                        wgmma, its own accumulator; fp8: the same FP8 accumulation); online softmax; P (times each
-                        token's V scale, times 448 / the page's largest scale) -> e4m3 -> shared memory, with the
-                        row rescale factor. A page's Q.K^T products run on the tensor cores while the previous
-                        page's softmax runs.
+                        wgmma, its own accumulator; fp8: the same FP8 accumulation); online softmax; P (in units
+                        of 1 / 448, times each token's V scale / the page's largest scale) -> e4m3 -> shared
+                        memory, with the row rescale factor. A page's Q.K^T products run on the tensor cores while
+                        the previous page's softmax runs.
   2 PV WGs (4 warps)    each owns 256 of the 512 output columns: transposes its half of the page's latent tile
                         into V^T (tokens contiguous: FP8 wgmma wants its B operand K-major), zeroing slots past the
                         sequence end, then O = O * alpha + P.V^T. Transposes run one page ahead of the wgmma, so

@@ -184,23 +184,38 @@ def load_cursor_step(meta_ptr, seqlens_ptr, block_table_ptr, stride_bt, max_page
 
 
 @gluon.jit
+def mask_keys(sc, blk, key_limit, min_key_limit, TOKEN_AXIS: gl.constexpr):
+    """Scores sc of the keys [n blk, n (blk + 1)) (n tokens on TOKEN_AXIS, query rows on the other) with the keys a
+    row must not see at -inf. Only steps with such keys pay for the mask, which also drops NaN slots past the
+    sequence's end."""
+    N: gl.constexpr = sc.shape[TOKEN_AXIS]
+    if (blk + 1) * N > min_key_limit:
+        tok = blk * N + gl.arange(0, N, gl.SliceLayout(1 - TOKEN_AXIS, sc.type.layout))
+        sc = gl.where(gl.expand_dims(tok, 1 - TOKEN_AXIS) < gl.expand_dims(key_limit, TOKEN_AXIS), sc,
+                      float("-inf"))
+    return sc
+
+
+@gluon.jit
+def exp_step(sc, m_i, m_new, sm_scale_log2, P_LOG2: gl.constexpr, TOKEN_AXIS: gl.constexpr):
+    """(p, alpha) of an online softmax step, given the rows' new max m_new (TOKEN_AXIS: sc's token axis): p in
+    units of 2^-P_LOG2. Scores and m stay unscaled (softmax_scale > 0, checked by the API): the scale goes into
+    the exp2's FFMA, and so does P's unit (for FP8 P, 1 / 448: p up to 448 fills e4m3's range without a multiply
+    per element). Base 2; a row that has seen no key yet keeps m = -inf and p = 0."""
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(sc * sm_scale_log2 - gl.expand_dims(m_safe * sm_scale_log2 - P_LOG2, TOKEN_AXIS))
+    alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+    return p, alpha
+
+
+@gluon.jit
 def softmax_step(sc, blk, key_limit, min_key_limit, m_i, sm_scale_log2, P_LOG2: gl.constexpr):
     """One step of online softmax over scores sc [rows, n tokens] of the keys [n blk, n (blk + 1)) (a page, or a
-    part of pages): (p, alpha, new m), p in units of 2^-P_LOG2; the row sums are the caller's (online_softmax).
-
-    Scores and m stay unscaled (softmax_scale > 0, checked by the API): the scale goes into the exp2's FFMA, and
-    so does P's unit (for FP8 P, 1 / 448: p up to 448 fills e4m3's range without a multiply per element). Base
-    2; a row that has seen no key yet keeps m = -inf and p = 0. Only steps with keys that some row must not see
-    pay for the mask, which also drops NaN slots past the sequence's end.
-    """
-    N: gl.constexpr = sc.shape[1]
-    if (blk + 1) * N > min_key_limit:
-        tok = blk * N + gl.arange(0, N, gl.SliceLayout(0, sc.type.layout))
-        sc = gl.where(tok[None, :] < key_limit[:, None], sc, float("-inf"))
+    part of pages): (p, alpha, new m), p in units of 2^-P_LOG2 (exp_step); the row sums are the caller's
+    (online_softmax)."""
+    sc = mask_keys(sc, blk, key_limit, min_key_limit, 1)
     m_new = gl.maximum(m_i, gl.max(sc, axis=1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2 - P_LOG2)[:, None])
-    alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+    p, alpha = exp_step(sc, m_i, m_new, sm_scale_log2, P_LOG2, 1)
     return p, alpha, m_new
 
 

@@ -28,8 +28,8 @@ from .constants import BEGIN_REQ, D_LATENT, END_REQ, FP8, FP8_ROPE_BF16, LOG2_FP
 from .hopper import (SCALE_COLS, V_CHUNK, _load_page, allocate_operands, hand_p, init_barriers, o_scale,
                      score_scale_log2, token_scales, transpose_next)
 from .hopper_common import (HALF, LEFT, Q_AS_IS, Q_QUANTIZE, RIGHT, dim_bit as _d, token_bit as _t, VEC_SMEM,
-                            key_limits, load_cursor_start, load_cursor_step, load_q, part_start, request_range,
-                            softmax_epilogue, split_slot)
+                            exp_step, key_limits, load_cursor_start, load_cursor_step, load_q, mask_keys, part_start,
+                            request_range, softmax_epilogue, split_slot)
 from .launcher import CachedLauncher
 
 PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
@@ -89,15 +89,10 @@ def _softmax_page(sc, k_scale, blk, key_limit, min_key_limit, m_i, l_acc, v_unit
     """hopper.py's _softmax_page on S^T: rows are tokens, columns query rows; P^T goes to shared memory as P
     [ROWS, 64] (tokens contiguous: P.V's B operand). The row sums stay per thread (l_acc, S^T's shape) until the
     request's end: a sum over tokens would cost the page another meeting of the warps."""
-    ST: gl.constexpr = sc.type.layout
-    if (blk + 1) * PAGE_SIZE > min_key_limit:
-        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, ST))
-        sc = gl.where(tok[:, None] < key_limit[None, :], sc, float("-inf"))  # also drops NaN slots past the end
+    sc = mask_keys(sc, blk, key_limit, min_key_limit, 0)
     page_max, scale_max = _page_max(sc, k_scale, red, red_scale, pt, KV_FORMAT)
     m_new = gl.maximum(m_i, page_max)
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(sc * sm_scale_log2 - (m_safe * sm_scale_log2 - LOG2_FP8_MAX)[None, :])   # as online_softmax's
-    alpha = gl.exp2((m_i - m_safe) * sm_scale_log2)
+    p, alpha = exp_step(sc, m_i, m_new, sm_scale_log2, LOG2_FP8_MAX, 0)
     l_acc = l_acc * alpha[None, :] + p
     page_unit = hand_p(p, alpha, k_scale, scale_max, v_unit, pt, p_smem, alpha_smem, p_ready, p_free, 0, KV_FORMAT)
     return m_new, l_acc, page_unit
