@@ -113,17 +113,12 @@ def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
     consecutive dims of one token). Every reshape/permute/split/join here only relabels registers.
     """
     x = src.load(V_LOAD)
-    if MASK:  # cache slots past the sequence end may hold anything, NaN included, and P * NaN = NaN
-        tok = gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, V_LOAD))
-        x = gl.where((tok < valid_tokens)[:, None], x, gl.zeros_like(x))
     x = gl.permute(gl.reshape(x, [16, 2, 2, V_CHUNK]), (0, 3, 1, 2))  # (token // 4, dim, token bit 1, bit 0)
     xa, xb = gl.split(x)
     x0, x2 = gl.split(xa)
     x1, x3 = gl.split(xb)
-    y0, y1, y2, y3 = gl.inline_asm_elementwise(
-        """
-        {
-        .reg .b32 lo01, hi01, lo23, hi23;
+    # 4 words of 4 dims of tokens 4i .. 4i + 3 -> 4 words of those tokens, one dim each
+    TRANSPOSE: gl.constexpr = """
         prmt.b32 lo01, $4, $5, 0x5140;
         prmt.b32 hi01, $4, $5, 0x7362;
         prmt.b32 lo23, $6, $7, 0x5140;
@@ -132,9 +127,29 @@ def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
         prmt.b32 $1, lo01, lo23, 0x7632;
         prmt.b32 $2, hi01, hi23, 0x5410;
         prmt.b32 $3, hi01, hi23, 0x7632;
-        }
-        """, "=r,=r,=r,=r,r,r,r,r", [x0, x1, x2, x3],
-        dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
+        """
+    if MASK:  # cache slots past the sequence end may hold anything, NaN included, and P * NaN = NaN: each output
+        # word (tokens 4i .. 4i + 3) keeps the bytes of tokens < valid_tokens, ANDed with 0xFFFFFFFF >> shift,
+        # shift = 32 - 8 * clamp(valid_tokens - 4i, 0, 4) (no predicate per token: those cost the PV warpgroups
+        # registers)
+        tok = gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, V_LOAD))
+        shift = 32 - 8 * gl.minimum(gl.maximum(valid_tokens - (tok & ~3), 0), 4)
+        shift = gl.permute(gl.reshape(gl.zeros([PAGE_SIZE, V_CHUNK], gl.int32, V_LOAD) + shift[:, None],
+                                      [16, 2, 2, V_CHUNK]), (0, 3, 1, 2))
+        shift = gl.split(gl.split(shift)[0])[0]                                  # laid out as x0
+        y0, y1, y2, y3 = gl.inline_asm_elementwise(
+            "{ .reg .b32 lo01, hi01, lo23, hi23, m;" + TRANSPOSE + """
+            shr.b32 m, 0xFFFFFFFF, $8;
+            and.b32 $0, $0, m;
+            and.b32 $1, $1, m;
+            and.b32 $2, $2, m;
+            and.b32 $3, $3, m;
+            }""", "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [x0, x1, x2, x3, shift],
+            dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
+    else:
+        y0, y1, y2, y3 = gl.inline_asm_elementwise(
+            "{ .reg .b32 lo01, hi01, lo23, hi23;" + TRANSPOSE + "}", "=r,=r,=r,=r,r,r,r,r", [x0, x1, x2, x3],
+            dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
     # y_j[i, 4q + e] = V[4i + e, 4q + j]
     w = gl.join(gl.join(y0, y1), gl.join(y2, y3))
     w = gl.permute(gl.reshape(w, [16, V_CHUNK // 4, 4, 2, 2]), (0, 2, 1, 4, 3))
