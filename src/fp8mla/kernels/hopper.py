@@ -7,7 +7,8 @@ warpgroup's 64 x 256 fp32 accumulator alone takes 128):
   softmax WG (4 warps)  issues the TMA loads of each KV page's latent [64, 512], RoPE [64, 64] (and per-token
                         scales) into a STAGES-deep shared-memory ring; copies q into shared memory (a bf16 q
                         arrives quantized by q_quant.py with a scale per row: for fp8_rope_bf16 its latent part,
-                        RoPE kept bf16; for the fp8 cache, whose RoPE keys are e4m3, the whole row);
+                        RoPE kept bf16; for the fp8 cache, whose RoPE keys are e4m3, the whole row, and its
+                        latent part then held in registers as the Q.K^T wgmma's A operand);
                         per page: S = q_lat.k_lat^T (FP8 wgmma) scaled + q_rope.k_rope^T (fp8_rope_bf16: BF16
                         wgmma, its own accumulator; fp8: the same FP8 accumulation); online softmax; P (in units
                         of 1 / 448, times each token's V scale / the page's largest scale) -> e4m3 -> shared
@@ -68,6 +69,9 @@ P_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwid
 # S [64 rows, 64 tokens] of the fp8 wgmma (k = 32); it converts to S_BF16's (k = 16) for free
 S_FP8 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32]))
 O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
+# fp8's latent q as the Q.K^T wgmma's register operand (64 registers a thread, read from shared memory once a
+# request): the page's wgmmas then read only K there (fp8_rope_bf16's softmax warpgroup has no registers to spare)
+Q_REGS = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=S_FP8, k_width=4))
 
 
 # A page's [64 tokens, SCALE_COLS] scale tile, each token held by the threads that hold its score column in S_FP8
@@ -287,6 +291,11 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             q_scale = gl.convert_layout(
                 load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_q_ptr + req * R,
                        Q_AS_IS if Q_FP8 else Q_PREQUANTIZED), row_l)
+            if KV_FORMAT == FP8:
+                gl.thread_barrier()   # every thread's cp.async of q has landed
+                q_a = q_lat.load(Q_REGS)
+            else:
+                q_a = q_lat
             key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_lanes = gl.zeros([BLOCK_M, ROW_LANES], gl.float32, L_LANES)
@@ -298,7 +307,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 # ---- S = q_lat.k_lat^T * scales + q_rope.k_rope^T for this page ... ----
                 s = it % STAGES
                 mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
-                acc = warpgroup_mma(q_lat, k_lat.index(s).permute((1, 0)),
+                acc = warpgroup_mma(q_a, k_lat.index(s).permute((1, 0)),
                                     gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8), use_acc=False, is_async=True)
                 if KV_FORMAT == FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled afterwards
                     acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
@@ -317,7 +326,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 else:
                     k_max = 1.0
                 if KV_FORMAT == FP8:
-                    acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
+                    acc = warpgroup_mma_wait(0, deps=[acc, q_rope, k_lat.index(s), k_rope.index(s)])[0]
                     if not Q_FP8:   # a scale per query row (an e4m3 q's is per tensor, in sm_scale_log2)
                         acc = acc * q_scale[:, None]
                 else:
