@@ -109,6 +109,13 @@ V_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(0),
 
 
 @gluon.jit
+def _by_word(t):
+    """[64 tokens, 128 dims] in V_LOAD -> (token // 4, dim, token bit 1, bit 0): split on its last two axes, the
+    transposes' input words (4 dims of one token), 4 tokens each."""
+    return gl.permute(gl.reshape(t, [16, 2, 2, V_CHUNK]), (0, 3, 1, 2))
+
+
+@gluon.jit
 def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
     """dst[n, t] = src[t, d(n)] for a [64, 128] e4m3 chunk, d(n) = (n & 0xE0) | ((n & 7) << 2) | ((n >> 3) & 3);
     tokens >= valid_tokens become 0 if MASK.
@@ -116,8 +123,7 @@ def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
     The 4x4 byte transposes are 8 PRMT per 4 words (inline asm; each asm operand is the 32-bit word holding 4
     consecutive dims of one token). Every reshape/permute/split/join here only relabels registers.
     """
-    x = src.load(V_LOAD)
-    x = gl.permute(gl.reshape(x, [16, 2, 2, V_CHUNK]), (0, 3, 1, 2))  # (token // 4, dim, token bit 1, bit 0)
+    x = _by_word(src.load(V_LOAD))
     xa, xb = gl.split(x)
     x0, x2 = gl.split(xa)
     x1, x3 = gl.split(xb)
@@ -138,8 +144,7 @@ def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
         # registers)
         tok = gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, V_LOAD))
         shift = 32 - 8 * gl.minimum(gl.maximum(valid_tokens - (tok & ~3), 0), 4)
-        shift = gl.permute(gl.reshape(gl.zeros([PAGE_SIZE, V_CHUNK], gl.int32, V_LOAD) + shift[:, None],
-                                      [16, 2, 2, V_CHUNK]), (0, 3, 1, 2))
+        shift = _by_word(gl.zeros([PAGE_SIZE, V_CHUNK], gl.int32, V_LOAD) + shift[:, None])
         shift = gl.split(gl.split(shift)[0])[0]                                  # laid out as x0
         y0, y1, y2, y3 = gl.inline_asm_elementwise(
             "{ .reg .b32 lo01, hi01, lo23, hi23, m;" + TRANSPOSE + """
