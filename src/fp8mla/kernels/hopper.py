@@ -296,8 +296,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             q_scale = gl.convert_layout(
                 load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_q_ptr + req * R,
                        Q_AS_IS if Q_FP8 else Q_PREQUANTIZED), row_l)
-            if KV_FORMAT == FP8:
-                gl.thread_barrier()   # every thread's cp.async of q has landed
+            if KV_FORMAT == FP8:  # (Triton's barrier after load_q's cp.async wait: every thread's copies are in)
                 q_a = q_lat.load(Q_REGS)
             else:
                 q_a = q_lat
