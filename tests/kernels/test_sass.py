@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from fp8mla.kernels.sass import instructions
+from fp8mla.kernels.sass import SassReport, instructions
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +37,21 @@ def test_portable_bf16_uses_bf16_wgmma(portable_sass):
 def test_combine_has_no_local_memory(portable_sass, name):
     r = portable_sass[name]
     assert r["stack"] == 0 and r["LDL"] == 0 and r["STL"] == 0
+
+
+@pytest.mark.parametrize("name", ["portable[bf16]", "portable[fp8]", "portable[fp8_rope_bf16]"])
+def test_portable_wgmma_not_serialized(portable_sass, name):
+    assert not portable_sass[name]["wgmma_serialized"]
+
+
+def test_wgmma_serialized_reads_ptxas_note():
+    """The report flags ptxas's C7512 note (as the ptxas triton 3.6 ships, 12.8, words it for a kernel short of
+    registers) and nothing else of ptxas -v's messages."""
+    note = ("ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized due to "
+            "insufficient register resources for the function 'k'\n")
+    usual = "ptxas info    : Used 168 registers, used 4 barriers\n"
+    assert SassReport("k", "", 168, 0, 0, note + usual).wgmma_serialized
+    assert not SassReport("k", "", 168, 0, 0, usual).wgmma_serialized
 
 
 def test_instructions_compare_programs_up_to_register_numbers():

@@ -1,8 +1,9 @@
 """Compile fp8mla's kernels for sm_90a without a GPU and read their SASS.
 
 Used by the CPU tests (and by hand: ``python -m fp8mla.kernels.sass``) to prove that a kernel lowers to the
-instructions it is written for: QGMMA (FP8 wgmma), HGMMA (BF16 wgmma), UTMALDG (TMA loads), and that nothing
-spills to local memory (LDL/STL). It must run in a process without ``TRITON_INTERPRET``. A refactor that must not
+instructions it is written for: QGMMA (FP8 wgmma), HGMMA (BF16 wgmma), UTMALDG (TMA loads), that nothing
+spills to local memory (LDL/STL), and that ptxas did not serialize the wgmmas for want of registers (its C7512
+note, which triton.compile does not show). It must run in a process without ``TRITON_INTERPRET``. A refactor that must not
 change the kernels: ``python -m fp8mla.kernels.sass hopper --dump A`` before, ``--dump B`` after, ``diff -r A B``.
 """
 from __future__ import annotations
@@ -23,6 +24,14 @@ class SassReport:
     n_regs: int
     stack: int   # bytes of stack frame / local memory per thread: > 0 means spills or a register array in memory
     shared: int
+    ptxas_log: str = ""   # ptxas -v's messages for the kernel's PTX
+
+    @property
+    def wgmma_serialized(self) -> bool:
+        """ptxas made each wgmma wait for the one before (C7512: "wgmma.mma_async instructions are serialized"),
+        which costs the tensor cores their overlap: a kernel that compiles and does not spill can still lose 10-20%
+        this way."""
+        return "C7512" in self.ptxas_log
 
     def count(self, opcode: str) -> int:
         """How many instructions start with ``opcode`` (e.g. "QGMMA", "LDL", "STS.128")."""
@@ -32,6 +41,7 @@ class SassReport:
         keys = ("QGMMA", "HGMMA", "HMMA", "UTMALDG", "LDL", "STL", "LDS", "STS", "STG", "STG.E.128", "PRMT", "BAR",
                 "SYNCS")
         return dict(name=self.name, regs=self.n_regs, stack=self.stack, shared=self.shared,
+                    wgmma_serialized=self.wgmma_serialized,
                     wgmma_shapes=sorted(set(re.findall(r"\b[QH]GMMA\.\d+x\d+x\d+", self.sass))),
                     **{k: self.count(k) for k in keys})
 
@@ -94,10 +104,17 @@ def sass_report(compiled, name: str = "") -> SassReport:
         tool = triton.knobs.nvidia.cuobjdump.path
         sass = subprocess.run([tool, "-sass", path], check=True, capture_output=True, text=True).stdout
         usage = subprocess.run([tool, "-res-usage", path], check=True, capture_output=True, text=True).stdout
+        # triton.compile ran ptxas -v too, but keeps its messages only on failure: run it again on the same PTX
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        arch = f"sm_{HOPPER[1]}a"
+        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", f"--gpu-name={arch}", ptx, "-o",
+                              os.path.join(tmp, "k.o")], check=True, capture_output=True, text=True).stderr
     res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
     stack = max(int(res.get("STACK", 0)), int(res.get("LOCAL", 0)))
     md = compiled.metadata
-    return SassReport(name or md.name, sass, int(res.get("REG", 0)), stack, md.shared)
+    return SassReport(name or md.name, sass, int(res.get("REG", 0)), stack, md.shared, log)
 
 
 def portable_reports() -> list[SassReport]:
