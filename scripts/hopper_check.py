@@ -15,11 +15,13 @@ tensor's end is an error memcheck sees. Under a sanitizer the first run compiles
 running the same command once without it. Exits 1 on any mismatch.
 
 A/B: ``--variants FILE ...`` adds other versions of ``kernels/hopper.py`` (e.g. ``git show BRANCH:src/fp8mla/
-kernels/hopper.py > /tmp/b.py``); each is checked like the working tree's (on the formats it takes), then all are
-timed in alternating rounds on the same inputs (``--rounds``; each call in a CUDA graph, so the host's launch cost
-is not timed), and a table gives each variant's median against the working tree's:
+kernels/hopper.py > /tmp/b.py``), ``--trees DIR ...`` other source trees whole (``DIR/src/fp8mla``, e.g. a branch
+materialized by ``git archive BRANCH src | tar -x -C DIR``: its Hopper kernels and their helpers, hopper_common.py
+included, imported as a package of their own); each is checked like the working tree's (on the formats it takes),
+then all are timed in alternating rounds on the same inputs (``--rounds``; each call in a CUDA graph, so the host's
+launch cost is not timed), and a table gives each variant's median against the working tree's:
 
-    PYTHONPATH=src python3 scripts/hopper_check.py --variants /tmp/b.py --rounds 5
+    PYTHONPATH=src python3 scripts/hopper_check.py --variants /tmp/b.py --trees ab/next --rounds 5
 
 ``--profile [FORMAT]`` only runs one config (the headline b=64 s_q=2 h_q=64 unless ``--b/--s-q/--h-q`` say
 otherwise; fp8_rope_bf16 unless FORMAT is fp8 (e4m3 q) or bf16) three times, for a profiler (the kernels' names:
@@ -55,12 +57,23 @@ def load_module(path, name: str):
     return module
 
 
-def load_variants(paths) -> dict:
-    """{name: launcher}: the working tree's kernel, then one per file."""
+def load_tree(root, name: str):
+    """kernels.hopper of the fp8mla package in the source tree ``root`` (``root/src/fp8mla``), imported as a package
+    named ``name``, so that its relative imports (hopper_common, hopper_small, hopper_bf16, q_quant) are the tree's."""
+    package = Path(root) / "src" / "fp8mla"
+    spec = importlib.util.spec_from_file_location(name, package / "__init__.py",
+                                                  submodule_search_locations=[str(package)])
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[name])
+    return importlib.import_module(f"{name}.kernels.hopper")
+
+
+def load_variants(paths, trees=()) -> dict:
+    """{name: launcher}: the working tree's kernel, then one per file, then one per tree."""
     variants = {"working tree": hopper.launch_hopper}
-    for path in paths:
-        name = Path(path).stem
-        module = load_module(path, name)
+    modules = [(Path(path).stem, load_module(path, Path(path).stem)) for path in paths]
+    modules += [(Path(root).name, load_tree(root, f"fp8mla_tree_{i}")) for i, root in enumerate(trees)]
+    for name, module in modules:
         variants[name] = module.launch_hopper
         variants[name].formats = module.SUPPORTED_FORMATS
     return variants
@@ -160,6 +173,7 @@ def main():
     parser.add_argument("--h-q", type=int, default=TIMED[0][2])
     parser.add_argument("--parts", type=int, help="split-KV parts for the one case (default: None and 7)")
     parser.add_argument("--variants", nargs="+", default=[], help="other hopper.py files to check and time")
+    parser.add_argument("--trees", nargs="+", default=[], help="other source trees (DIR/src/fp8mla) to check and time")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     parser.add_argument("--profile", nargs="?", const="fp8_rope_bf16", choices=["fp8_rope_bf16", "fp8", "bf16"],
                         help="only run one config (--b, --s-q, --h-q; the headline one by default) three times, in this cache format (fp8: e4m3 q)")
@@ -172,7 +186,7 @@ def main():
             call()
         torch.cuda.synchronize()
         return
-    variants = load_variants(args.variants)
+    variants = load_variants(args.variants, args.trees)
     if args.seqlens:
         ok = check([(args.s_q, args.h_q, args.seqlens, True)], [args.parts] if args.parts else [None, 7], variants)
     else:

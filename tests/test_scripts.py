@@ -19,3 +19,22 @@ def test_ablations_match_the_kernel(tmp_path, kernel):
         text = Path(path).read_text()
         assert text != source + hopper_ablate.SETUPS[kernel][3], path
         compile(text, path, "exec")   # still Python
+
+
+def test_hopper_check_loads_a_tree_whole(tmp_path):
+    """hopper_check --trees: a source tree's Hopper kernels come with the tree's own helpers (a change to
+    hopper_common.py is part of what is timed), not with the working tree's."""
+    import shutil
+
+    hopper_check = pytest.importorskip("hopper_check")
+    src = Path(__file__).parent.parent / "src" / "fp8mla"
+    shutil.copytree(src, tmp_path / "next" / "src" / "fp8mla", ignore=shutil.ignore_patterns("__pycache__"))
+    common = tmp_path / "next" / "src" / "fp8mla" / "kernels" / "hopper_common.py"
+    common.write_text(common.read_text() + "\nTREE_MARK = 1\n")
+    variants = hopper_check.load_variants([], [tmp_path / "next"])
+    assert list(variants) == ["working tree", "next"]
+    tree_hopper = sys.modules[variants["next"].__module__]
+    assert Path(tree_hopper.__file__).is_relative_to(tmp_path)
+    assert sys.modules[tree_hopper.__package__ + ".hopper_common"].TREE_MARK == 1
+    assert not hasattr(sys.modules["fp8mla.kernels.hopper_common"], "TREE_MARK")
+    assert variants["next"].formats == hopper_check.hopper.SUPPORTED_FORMATS

@@ -1,10 +1,11 @@
 """Compile fp8mla's kernels for sm_90a without a GPU and read their SASS.
 
 Used by the CPU tests (and by hand: ``python -m fp8mla.kernels.sass``) to prove that a kernel lowers to the
-instructions it is written for: QGMMA (FP8 wgmma), HGMMA (BF16 wgmma), UTMALDG (TMA loads), that nothing
-spills to local memory (LDL/STL), and that ptxas did not serialize the wgmmas for want of registers (its C7512
-note, which triton.compile does not show). It must run in a process without ``TRITON_INTERPRET``. A refactor that must not
-change the kernels: ``python -m fp8mla.kernels.sass hopper --dump A`` before, ``--dump B`` after, ``diff -r A B``.
+instructions it is written for: QGMMA (FP8 wgmma), HGMMA (BF16 wgmma), UTMALDG (TMA loads), that nothing spills
+to local memory (LDL/STL), and that ptxas did not serialize the wgmmas for want of registers (its C7512 note,
+which triton.compile does not show). It must run in a process without ``TRITON_INTERPRET``. A refactor that must
+not change the kernels: ``python -m fp8mla.kernels.sass hopper --dump A`` before, ``--dump B`` after,
+``diff -r A B``.
 """
 from __future__ import annotations
 
