@@ -7,7 +7,8 @@ warpgroup's 64 x 256 fp32 accumulator alone takes 128):
   softmax WG (4 warps)  issues the TMA loads of each KV page's latent [64, 512], RoPE [64, 64] (and per-token
                         scales) into a STAGES-deep shared-memory ring; copies q into shared memory (a bf16 q
                         arrives quantized by q_quant.py with a scale per row: for fp8_rope_bf16 its latent part,
-                        RoPE kept bf16; for the fp8 cache, whose RoPE keys are e4m3, the whole row);
+                        RoPE kept bf16; for the fp8 cache, whose RoPE keys are e4m3, the whole row, and its
+                        latent part then held in registers as the Q.K^T wgmma's A operand);
                         per page: S = q_lat.k_lat^T (FP8 wgmma) scaled + q_rope.k_rope^T (fp8_rope_bf16: BF16
                         wgmma, its own accumulator; fp8: the same FP8 accumulation); online softmax; P (in units
                         of 1 / 448, times each token's V scale / the page's largest scale) -> e4m3 -> shared
@@ -68,6 +69,9 @@ P_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwid
 # S [64 rows, 64 tokens] of the fp8 wgmma (k = 32); it converts to S_BF16's (k = 16) for free
 S_FP8 = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 32]))
 O_ACC = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 256, 32]))
+# fp8's latent q as the Q.K^T wgmma's register operand (64 registers a thread, read from shared memory once a
+# request): the page's wgmmas then read only K there (fp8_rope_bf16's softmax warpgroup has no registers to spare)
+Q_REGS = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=S_FP8, k_width=4))
 
 
 # A page's [64 tokens, SCALE_COLS] scale tile, each token held by the threads that hold its score column in S_FP8
@@ -105,6 +109,13 @@ V_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(0),
 
 
 @gluon.jit
+def _by_word(t):
+    """[64 tokens, 128 dims] in V_LOAD -> (token // 4, dim, token bit 1, bit 0): split on its last two axes, the
+    transposes' input words (4 dims of one token), 4 tokens each."""
+    return gl.permute(gl.reshape(t, [16, 2, 2, V_CHUNK]), (0, 3, 1, 2))
+
+
+@gluon.jit
 def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
     """dst[n, t] = src[t, d(n)] for a [64, 128] e4m3 chunk, d(n) = (n & 0xE0) | ((n & 7) << 2) | ((n >> 3) & 3);
     tokens >= valid_tokens become 0 if MASK.
@@ -112,18 +123,12 @@ def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
     The 4x4 byte transposes are 8 PRMT per 4 words (inline asm; each asm operand is the 32-bit word holding 4
     consecutive dims of one token). Every reshape/permute/split/join here only relabels registers.
     """
-    x = src.load(V_LOAD)
-    if MASK:  # cache slots past the sequence end may hold anything, NaN included, and P * NaN = NaN
-        tok = gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, V_LOAD))
-        x = gl.where((tok < valid_tokens)[:, None], x, gl.zeros_like(x))
-    x = gl.permute(gl.reshape(x, [16, 2, 2, V_CHUNK]), (0, 3, 1, 2))  # (token // 4, dim, token bit 1, bit 0)
+    x = _by_word(src.load(V_LOAD))
     xa, xb = gl.split(x)
     x0, x2 = gl.split(xa)
     x1, x3 = gl.split(xb)
-    y0, y1, y2, y3 = gl.inline_asm_elementwise(
-        """
-        {
-        .reg .b32 lo01, hi01, lo23, hi23;
+    # 4 words of 4 dims of tokens 4i .. 4i + 3 -> 4 words of those tokens, one dim each
+    TRANSPOSE: gl.constexpr = """
         prmt.b32 lo01, $4, $5, 0x5140;
         prmt.b32 hi01, $4, $5, 0x7362;
         prmt.b32 lo23, $6, $7, 0x5140;
@@ -132,9 +137,28 @@ def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
         prmt.b32 $1, lo01, lo23, 0x7632;
         prmt.b32 $2, hi01, hi23, 0x5410;
         prmt.b32 $3, hi01, hi23, 0x7632;
-        }
-        """, "=r,=r,=r,=r,r,r,r,r", [x0, x1, x2, x3],
-        dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
+        """
+    if MASK:  # cache slots past the sequence end may hold anything, NaN included, and P * NaN = NaN: each output
+        # word (tokens 4i .. 4i + 3) keeps the bytes of tokens < valid_tokens, ANDed with 0xFFFFFFFF >> shift,
+        # shift = 32 - 8 * clamp(valid_tokens - 4i, 0, 4) (no predicate per token: those cost the PV warpgroups
+        # registers)
+        tok = gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, V_LOAD))
+        shift = 32 - 8 * gl.minimum(gl.maximum(valid_tokens - (tok & ~3), 0), 4)
+        shift = _by_word(gl.zeros([PAGE_SIZE, V_CHUNK], gl.int32, V_LOAD) + shift[:, None])
+        shift = gl.split(gl.split(shift)[0])[0]                                  # laid out as x0
+        y0, y1, y2, y3 = gl.inline_asm_elementwise(
+            "{ .reg .b32 lo01, hi01, lo23, hi23, m;" + TRANSPOSE + """
+            shr.b32 m, 0xFFFFFFFF, $8;
+            and.b32 $0, $0, m;
+            and.b32 $1, $1, m;
+            and.b32 $2, $2, m;
+            and.b32 $3, $3, m;
+            }""", "=r,=r,=r,=r,r,r,r,r,r,r,r,r", [x0, x1, x2, x3, shift],
+            dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
+    else:
+        y0, y1, y2, y3 = gl.inline_asm_elementwise(
+            "{ .reg .b32 lo01, hi01, lo23, hi23;" + TRANSPOSE + "}", "=r,=r,=r,=r,r,r,r,r", [x0, x1, x2, x3],
+            dtype=(gl.float8e4nv, gl.float8e4nv, gl.float8e4nv, gl.float8e4nv), is_pure=True, pack=4)
     # y_j[i, 4q + e] = V[4i + e, 4q + j]
     w = gl.join(gl.join(y0, y1), gl.join(y2, y3))
     w = gl.permute(gl.reshape(w, [16, V_CHUNK // 4, 4, 2, 2]), (0, 2, 1, 4, 3))
@@ -272,6 +296,10 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
             q_scale = gl.convert_layout(
                 load_q(q_ptr + req * stride_qb, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_q_ptr + req * R,
                        Q_AS_IS if Q_FP8 else Q_PREQUANTIZED), row_l)
+            if KV_FORMAT == FP8:  # (Triton's barrier after load_q's cp.async wait: every thread's copies are in)
+                q_a = q_lat.load(Q_REGS)
+            else:
+                q_a = q_lat
             key_limit, min_key_limit = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_lanes = gl.zeros([BLOCK_M, ROW_LANES], gl.float32, L_LANES)
@@ -283,7 +311,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 # ---- S = q_lat.k_lat^T * scales + q_rope.k_rope^T for this page ... ----
                 s = it % STAGES
                 mbarrier.wait(kv_ready.index(s), (it // STAGES) & 1)
-                acc = warpgroup_mma(q_lat, k_lat.index(s).permute((1, 0)),
+                acc = warpgroup_mma(q_a, k_lat.index(s).permute((1, 0)),
                                     gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8), use_acc=False, is_async=True)
                 if KV_FORMAT == FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled afterwards
                     acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
@@ -302,7 +330,7 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, sca
                 else:
                     k_max = 1.0
                 if KV_FORMAT == FP8:
-                    acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
+                    acc = warpgroup_mma_wait(0, deps=[acc, q_rope, k_lat.index(s), k_rope.index(s)])[0]
                     if not Q_FP8:   # a scale per query row (an e4m3 q's is per tensor, in sm_scale_log2)
                         acc = acc * q_scale[:, None]
                 else:
