@@ -106,15 +106,6 @@ V_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(0),
                                                  warp_bases=[_t(4), _t(5)], block_bases=[], shape=[64, 128]))
 
 
-
-
-@gluon.jit
-def _by_word(t):
-    """[64 tokens, 128 dims] in V_LOAD -> (token // 4, dim, token bit 1, bit 0): split on its last two axes, the
-    transposes' input words (4 dims of one token), 4 tokens each."""
-    return gl.permute(gl.reshape(t, [16, 2, 2, V_CHUNK]), (0, 3, 1, 2))
-
-
 @gluon.jit
 def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
     """dst[n, t] = src[t, d(n)] for a [64, 128] e4m3 chunk, d(n) = (n & 0xE0) | ((n & 7) << 2) | ((n >> 3) & 3);
@@ -123,7 +114,8 @@ def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
     The 4x4 byte transposes are 8 PRMT per 4 words (inline asm; each asm operand is the 32-bit word holding 4
     consecutive dims of one token). Every reshape/permute/split/join here only relabels registers.
     """
-    x = _by_word(src.load(V_LOAD))
+    # (token // 4, dim, token bit 1, bit 0): split on its last two axes, the asm's input words, 4 tokens each
+    x = gl.permute(gl.reshape(src.load(V_LOAD), [PAGE_SIZE // 4, 2, 2, V_CHUNK]), (0, 3, 1, 2))
     xa, xb = gl.split(x)
     x0, x2 = gl.split(xa)
     x1, x3 = gl.split(xb)
@@ -142,10 +134,8 @@ def _transpose_chunk(src, dst, valid_tokens, MASK: gl.constexpr):
         # word (tokens 4i .. 4i + 3) keeps the bytes of tokens < valid_tokens, ANDed with 0xFFFFFFFF >> shift,
         # shift = 32 - 8 * clamp(valid_tokens - 4i, 0, 4) (no predicate per token: those cost the PV warpgroups
         # registers)
-        tok = gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, V_LOAD))
-        shift = 32 - 8 * gl.minimum(gl.maximum(valid_tokens - (tok & ~3), 0), 4)
-        shift = _by_word(gl.zeros([PAGE_SIZE, V_CHUNK], gl.int32, V_LOAD) + shift[:, None])
-        shift = gl.split(gl.split(shift)[0])[0]                                  # laid out as x0
+        word = gl.arange(0, PAGE_SIZE // 4, gl.SliceLayout(1, x0.type.layout))
+        shift = gl.expand_dims(32 - 8 * gl.minimum(gl.maximum(valid_tokens - 4 * word, 0), 4), 1)
         y0, y1, y2, y3 = gl.inline_asm_elementwise(
             "{ .reg .b32 lo01, hi01, lo23, hi23, m;" + TRANSPOSE + """
             shr.b32 m, 0xFFFFFFFF, $8;
