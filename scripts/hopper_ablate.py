@@ -1,8 +1,9 @@
 """Where a 64-row Hopper kernel's time goes: copies of it with one stage removed each (their results are wrong;
 they are only timed), against the working tree's, on the headline config (b=64 s_q=2 h_q=64, 8192 tokens,
 causal). ``--kernel fp8`` (kernels/hopper.py; fp8_rope_bf16 and fp8 with an e4m3 q: the no_rope_product /
-no_token_scales copies change only fp8_rope_bf16's code, so fp8 is their control) or ``--kernel bf16``
-(kernels/hopper_bf16.py):
+no_token_scales / no_scale_loads copies change only fp8_rope_bf16's code, so fp8 is their control) or ``--kernel
+bf16`` (kernels/hopper_bf16.py). none_of_the_three is the kernel's skeleton (ring, wgmmas, handshakes; compare
+scripts/mma_ceiling.py, its wgmmas alone):
 
     PYTHONPATH=src python3 scripts/hopper_ablate.py [--kernel bf16] [--config B,S_Q,H_Q] [--out DIR]
 
@@ -50,6 +51,23 @@ acc = acc * q_scale[:, None] * k_scale[None, :]
 ROPE_PRODUCT = [(ROPE_WGMMA, IN_PAGE_LOOP_BRANCH + "pass\n"), (ROPE_MERGE, LATENT_ONLY)]
 TOKEN_SCALES = [("k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCALE_LOAD, col_l, KV_FORMAT)",
                  "k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, col_l)")]
+# fp8_rope_bf16's scale tile's TMA box (64 rows of 16 bytes), and the scales all 1, so nothing reads the slot
+IN_FORMAT_BRANCH = " " * 8
+SCALE_LOAD = [(textwrap.indent("""\
+mbarrier.expect(kv_ready.index(s), page_bytes + scale_desc.block_type.nbytes)
+tma.async_copy_global_to_shared(scale_desc, [row, 0], kv_ready.index(s), k_scale.index(s))
+""", IN_FORMAT_BRANCH), textwrap.indent("mbarrier.expect(kv_ready.index(s), page_bytes)\n", IN_FORMAT_BRANCH))]
+SCALE_LOAD += TOKEN_SCALES
+# the ring's refills: its first pages are loaded, then each refill completes kv_ready at once, so the slots keep
+# real data (values move the tensor cores' power draw, and the clock with it) and no page crosses memory again
+IN_REFILL_BRANCH = " " * 20
+REFILLS = (textwrap.indent("""\
+_load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
+           load_page, loaded, KV_FORMAT)
+""", IN_REFILL_BRANCH), textwrap.indent("""\
+mbarrier.wait(kv_empty.index(loaded % STAGES), ((loaded // STAGES) & 1) ^ 1)
+mbarrier.arrive(kv_ready.index(loaded % STAGES))
+""", IN_REFILL_BRANCH))
 ROPE_QK = ("                acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)\n", "")
 # the bf16 kernel's copies are launched through hopper.py's descriptors, as launch_hopper does for "bf16"
 BF16_LAUNCH = '''
@@ -67,8 +85,10 @@ def launch_hopper(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_s
 SETUPS = {  # kernel: (source, timed formats, ablations, text appended to each copy)
     "fp8": ("hopper.py", [("fp8_rope_bf16", False), ("fp8", True)],
             {"no_softmax_math": [SOFTMAX], "no_transposes": [TRANSPOSE], "no_rescale": [RESCALE],
-             "none_of_the_three": [SOFTMAX, TRANSPOSE, RESCALE], "no_rope_product": ROPE_PRODUCT,
-             "no_token_scales": TOKEN_SCALES, "neither_rope_nor_scales": ROPE_PRODUCT + TOKEN_SCALES}, ""),
+             "none_of_the_three": [SOFTMAX, TRANSPOSE, RESCALE], "no_refills": [REFILLS],
+             "skeleton_without_refills": [SOFTMAX, TRANSPOSE, RESCALE, REFILLS], "no_rope_product": ROPE_PRODUCT,
+             "no_token_scales": TOKEN_SCALES, "no_scale_loads": SCALE_LOAD,
+             "neither_rope_nor_scales": ROPE_PRODUCT + TOKEN_SCALES}, ""),
     "bf16": ("hopper_bf16.py", [("bf16", False)],
              {"no_softmax_math": [SOFTMAX_BF16], "no_rescale": [RESCALE], "no_rope_qk": [ROPE_QK],
               "none_of_the_three": [SOFTMAX_BF16, RESCALE, ROPE_QK]}, BF16_LAUNCH),
