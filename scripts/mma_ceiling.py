@@ -16,9 +16,10 @@ for sm_90a and prints their SASS summaries instead.
 """
 import argparse
 import json
+import sys
+from pathlib import Path
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma, warpgroup_mma_init,
@@ -27,6 +28,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from fp8mla.kernels.constants import D_LATENT, D_ROPE, PAGE_SIZE
 from fp8mla.kernels.hopper import (LAT_SMEM, O_ACC, P_SMEM, Q_REGS, ROPE_FP8_SMEM, S_FP8, STAGES, VT_SMEM)
 from fp8mla.kernels.hopper_common import BLOCK_M, HALF, LEFT, PV_REGS, RIGHT
+
+sys.path.insert(0, str(Path(__file__).parent))
+from hopper_check import alternating_medians  # noqa: E402
 
 SIDES = {"both": (True, True), "Q.K^T only": (True, False), "P.V only": (False, True)}
 QK_FLOPS = 2 * BLOCK_M.value * PAGE_SIZE.value * (D_LATENT.value + D_ROPE.value)   # a page's products for one CTA
@@ -79,11 +83,11 @@ def mma_ceiling_kernel(data_ptr, sink_ptr, pages, QK: gl.constexpr, PV: gl.const
     k_rope = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, PAGE_SIZE, D_ROPE], ROPE_FP8_SMEM)
     vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)
     p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, BLOCK_M, PAGE_SIZE], P_SMEM)
-    for i in gl.static_range(2):
+    for i in gl.static_range(2):   # the ring's pages (STAGES) and P's
         k_lat.index(i).store(_fill(data_ptr, PAGE_SIZE, D_LATENT))
         k_rope.index(i).store(_fill(data_ptr, PAGE_SIZE, D_ROPE))
         p_smem.index(i).store(_fill(data_ptr, BLOCK_M, PAGE_SIZE))
-    for i in gl.static_range(4):
+    for i in gl.static_range(4):   # V^T: two pages of each PV warpgroup's half
         vt.index(i).store(_fill(data_ptr, HALF, PAGE_SIZE))
     fence_async_shared()
     gl.warp_specialize([
@@ -117,16 +121,12 @@ def main():
     calls = {name: (lambda qk=qk, pv=pv: mma_ceiling_kernel[(ctas,)](data, sink, args.pages, QK=qk, PV=pv,
                                                                       num_warps=4))
              for name, (qk, pv) in SIDES.items()}
-    times = {name: [] for name in calls}
-    for _ in range(args.rounds):   # alternating rounds, as hopper_check times variants
-        for name, call in calls.items():
-            times[name].append(triton.testing.do_bench_cudagraph(call, rep=100, return_mode="median"))
+    _, medians = alternating_medians(calls, args.rounds)
     print(f"{ctas} CTAs x {args.pages} pages, {args.rounds} rounds\n\n| wgmmas issued | µs | TFLOPS |\n|---|---|---|")
-    for name, ts in times.items():
+    for name, us in medians.items():
         qk, pv = SIDES[name]
-        ms = sorted(ts)[len(ts) // 2]
         flops = ctas * args.pages * (qk * QK_FLOPS + pv * PV_FLOPS)
-        print(f"| {name} | {ms * 1e3:.1f} | {flops / ms / 1e9:.0f} |")
+        print(f"| {name} | {us:.1f} | {flops / us / 1e6:.0f} |")
 
 
 if __name__ == "__main__":
