@@ -32,7 +32,7 @@ TRANSPOSE = ("""        if valid < PAGE_SIZE:
 """, "        pass\n")
 # fp8_rope_bf16's own work (the fp8 path with an e4m3 q is untouched: a control): its BF16 RoPE product and the
 # product's merge into S, and the per-token scales (read from the ring slot; all 1 instead)
-IN_PAGE_LOOP_BRANCH = " " * 20   # these lines' indentation in the kernel
+IN_PAGE_LOOP_BRANCH = " " * 20   # the indentation of these lines and of the ring refill's in the kernel
 ROPE_WGMMA = textwrap.indent("""\
 acc_rope = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)),
                          gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16), use_acc=False,
@@ -60,14 +60,13 @@ tma.async_copy_global_to_shared(scale_desc, [row, 0], kv_ready.index(s), k_scale
 SCALE_LOAD += TOKEN_SCALES
 # the ring's refills: its first pages are loaded, then each refill completes kv_ready at once, so the slots keep
 # real data (values move the tensor cores' power draw, and the clock with it) and no page crosses memory again
-IN_REFILL_BRANCH = " " * 20
 REFILLS = (textwrap.indent("""\
 _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale_smem, kv_ready, kv_empty,
            load_page, loaded, KV_FORMAT)
-""", IN_REFILL_BRANCH), textwrap.indent("""\
+""", IN_PAGE_LOOP_BRANCH), textwrap.indent("""\
 mbarrier.wait(kv_empty.index(loaded % STAGES), ((loaded // STAGES) & 1) ^ 1)
 mbarrier.arrive(kv_ready.index(loaded % STAGES))
-""", IN_REFILL_BRANCH))
+""", IN_PAGE_LOOP_BRANCH))
 ROPE_QK = ("                acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)\n", "")
 # the bf16 kernel's copies are launched through hopper.py's descriptors, as launch_hopper does for "bf16"
 BF16_LAUNCH = '''

@@ -27,6 +27,13 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_hopper)
 
 
+@pytest.fixture(scope="session")
+def env_without_interpreter():
+    """The environment for a subprocess that compiles kernels for sm_90a or picks its own mode (fp8mla's
+    __main__): this process's (PYTHONPATH included), without the TRITON_INTERPRET set above."""
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
 @pytest.fixture
 def device():
     """Where kernel tests run: the GPU if there is one, else the CPU through the interpreter."""

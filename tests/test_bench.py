@@ -2,7 +2,6 @@
 import json
 import lzma
 import math
-import os
 import subprocess
 import sys
 
@@ -17,7 +16,6 @@ from fp8mla.metrics import decode_bytes, decode_flops, format_speed, needle_repo
 from fp8mla.report import markdown
 
 HAS_GPU = torch.cuda.is_available()
-SRC = os.path.join(os.path.dirname(__file__), "..", "src")
 
 
 # ---- formulas: the ANCHORS.md rows, by hand ----
@@ -105,11 +103,9 @@ def test_bench_without_gpu_points_to_demo(capsys):
     assert "no CUDA GPU" in err and "python -m fp8mla demo" in err
 
 
-def test_demo_runs_every_format_in_a_fresh_process():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # __main__ must switch it on itself
-    env["PYTHONPATH"] = SRC
-    res = subprocess.run([sys.executable, "-m", "fp8mla", "demo"], capture_output=True, text=True, env=env,
-                         timeout=120)
+def test_demo_runs_every_format_in_a_fresh_process(env_without_interpreter):
+    res = subprocess.run([sys.executable, "-m", "fp8mla", "demo"], capture_output=True, text=True,
+                         env=env_without_interpreter, timeout=120)   # __main__ must switch the interpreter on itself
     assert res.returncode == 0, res.stderr
     rows = [line.split("|")[1:-1] for line in res.stdout.splitlines() if line.startswith("| R") or
             line.startswith("| r")]

@@ -40,18 +40,16 @@ def test_hopper_check_loads_a_tree_whole(tmp_path):
     assert variants["next"].formats == hopper_check.hopper.SUPPORTED_FORMATS
 
 
-def test_mma_ceiling_issues_the_kernels_wgmmas():
+def test_mma_ceiling_issues_the_kernels_wgmmas(env_without_interpreter):
     """mma_ceiling.py's kernel (the 64-row FP8 kernel's wgmmas alone) compiles for sm_90a to the same wgmma shapes
     as hopper.py's, under the same registers, without spills or serialized wgmmas: otherwise its ceiling would not
     be that design's."""
     import json
-    import os
     import subprocess
 
     script = Path(__file__).parent.parent / "scripts" / "mma_ceiling.py"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, str(script), "--sass"], env=env, check=True, capture_output=True,
-                         text=True, timeout=600).stdout
+    out = subprocess.run([sys.executable, str(script), "--sass"], env=env_without_interpreter, check=True,
+                         capture_output=True, text=True, timeout=600).stdout
     sides = json.loads(out)
     assert sides["both"]["wgmma_shapes"] == ["QGMMA.64x256x32", "QGMMA.64x64x32"]
     assert sides["Q.K^T only"]["wgmma_shapes"] == ["QGMMA.64x64x32"]

@@ -1,6 +1,5 @@
 """The Gluon sm_90a kernel: compiled here (SASS checked), run against the reference on a Hopper GPU."""
 import json
-import os
 import subprocess
 import sys
 
@@ -13,10 +12,9 @@ from fp8mla.kernels.hopper import SUPPORTED_FORMATS
 
 
 @pytest.fixture(scope="module")
-def hopper_sass():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "fp8mla.kernels.sass", "hopper"], env=env, check=True,
-                         capture_output=True, text=True, timeout=900).stdout
+def hopper_sass(env_without_interpreter):
+    out = subprocess.run([sys.executable, "-m", "fp8mla.kernels.sass", "hopper"], env=env_without_interpreter,
+                         check=True, capture_output=True, text=True, timeout=900).stdout
     return {r["name"]: r for r in map(json.loads, out.splitlines())}
 
 

@@ -1,6 +1,5 @@
 """The kernels compile for sm_90a on a machine with no GPU, to the instructions they are written for."""
 import json
-import os
 import subprocess
 import sys
 
@@ -10,10 +9,9 @@ from fp8mla.kernels.sass import SassReport, instructions
 
 
 @pytest.fixture(scope="module")
-def portable_sass():
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    out = subprocess.run([sys.executable, "-m", "fp8mla.kernels.sass", "portable"], env=env, check=True,
-                         capture_output=True, text=True, timeout=600).stdout
+def portable_sass(env_without_interpreter):
+    out = subprocess.run([sys.executable, "-m", "fp8mla.kernels.sass", "portable"], env=env_without_interpreter,
+                         check=True, capture_output=True, text=True, timeout=600).stdout
     return {r["name"]: r for r in map(json.loads, out.splitlines())}
 
 
