@@ -55,7 +55,7 @@ TOKEN_SCALES = [("k_scale = token_scales(k_scale_smem.index(s), blk, seqlen, SCA
 IN_FORMAT_BRANCH = " " * 8
 SCALE_LOAD = [(textwrap.indent("""\
 mbarrier.expect(kv_ready.index(s), page_bytes + scale_desc.block_type.nbytes)
-tma.async_copy_global_to_shared(scale_desc, [row, 0], kv_ready.index(s), k_scale.index(s))
+tma_load(scale_desc, [row, 0], kv_ready.index(s), k_scale.index(s))
 """, IN_FORMAT_BRANCH), textwrap.indent("mbarrier.expect(kv_ready.index(s), page_bytes)\n", IN_FORMAT_BRANCH))]
 SCALE_LOAD += TOKEN_SCALES
 # the ring's refills: its first pages are loaded, then each refill completes kv_ready at once, so the slots keep

@@ -98,3 +98,30 @@ def test_all_requests_empty_with_a_table_of_no_columns(call):
     one = torch.tensor([0, 5], dtype=torch.int32)
     with pytest.raises(ValueError, match="0 pages per request but a seqlen needs 1"):
         flash_mla_with_kvcache(q, call.base["k_cache"], block_table, one, 512, *get_mla_metadata(one, 16, 1))
+
+
+@pytest.mark.hopper
+def test_an_sm90_gpu_on_the_portable_kernel_says_why_once(monkeypatch):
+    """Where the Hopper kernels cannot run on an sm_90 GPU (here: a Triton whose Gluon lacked a builtin), the call
+    still works, on the portable kernel, and a warning says why, once."""
+    import warnings
+
+    from fp8mla import api, reference_mla_decode, cal_diff
+    from fp8mla.kernels import triton_compat
+
+    monkeypatch.setattr(triton_compat, "hopper_missing", lambda: "triton 9.9's Gluon has no tma_load")
+    api._hopper_unavailable.cache_clear()
+    api._warn_portable_on_hopper.cache_clear()
+    try:
+        p = make_problem(2, 1, 16, [100, 70], device="cuda")
+        meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
+        with pytest.warns(RuntimeWarning, match="portable Triton kernel on an sm_90 GPU.*no tma_load"):
+            out, _ = flash_mla_with_kvcache(p.q, p.kv, p.block_table, p.cache_seqlens, 512, meta, splits)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            flash_mla_with_kvcache(p.q, p.kv, p.block_table, p.cache_seqlens, 512, meta, splits)
+        ref, _ = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens)
+        assert cal_diff(out.float(), ref)["cos_diff"] < 1e-5
+    finally:
+        api._hopper_unavailable.cache_clear()
+        api._warn_portable_on_hopper.cache_clear()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 
 import torch
 
@@ -21,18 +22,35 @@ def interpreter_active() -> bool:
 
 
 def hopper_available(device: torch.device) -> bool:
-    """True where the Gluon sm_90a kernel can run: an sm_90 GPU and triton 3.6.x."""
+    """True where the Gluon sm_90a kernels can run: an sm_90 GPU and a Triton whose Gluon has what they use."""
+    return hopper_unavailable(device) is None
+
+
+def hopper_unavailable(device: torch.device) -> str | None:
+    """Why the Hopper kernels cannot run on ``device`` (None if they can)."""
     device = torch.device(device)
-    if device.type != "cuda" or interpreter_active():
-        return False
-    return _sm90_with_triton_36(device.index if device.index is not None else torch.cuda.current_device())
+    if device.type != "cuda":
+        return f"{device} is not a CUDA device"
+    if interpreter_active():
+        return "TRITON_INTERPRET is set"
+    return _hopper_unavailable(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)   # asked on every call
-def _sm90_with_triton_36(index: int) -> bool:
-    import triton
+def _hopper_unavailable(index: int) -> str | None:
+    capability = torch.cuda.get_device_capability(index)
+    if capability != (9, 0):
+        return f"GPU {index} is sm_{capability[0]}{capability[1]}, not sm_90"
+    from .kernels.triton_compat import hopper_missing
 
-    return triton.__version__.startswith("3.6.") and torch.cuda.get_device_capability(index) == (9, 0)
+    return hopper_missing()
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_portable_on_hopper(reason: str) -> None:
+    """Once per reason: an sm_90 GPU that runs the portable kernel is many times slower than it could be."""
+    warnings.warn(f"fp8mla: running the portable Triton kernel on an sm_90 GPU, about 10x slower than the Hopper "
+                  f"kernels, because {reason}", RuntimeWarning, stacklevel=3)
 
 
 def _check_tensor(name, t, dtypes, dim=None):
@@ -176,12 +194,14 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     if backend != "portable":
         from .kernels.hopper import SUPPORTED_FORMATS, supports
 
-        available = hopper_available(device)
-        fits = available and supports(q, kv_format)
+        unavailable = hopper_unavailable(device)
+        fits = unavailable is None and supports(q, kv_format)
         if backend is None:
             backend = "hopper" if fits else "portable"
-        elif not available:
-            raise ValueError("the 'hopper' backend needs an sm_90 GPU and triton 3.6.x")
+            if unavailable is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
+                _warn_portable_on_hopper(unavailable)
+        elif unavailable is not None:
+            raise ValueError(f"the 'hopper' backend needs an sm_90 GPU and Triton's Gluon for Hopper: {unavailable}")
         elif not fits:
             raise ValueError(f"the 'hopper' backend takes a bf16 q with the {SUPPORTED_FORMATS} cache formats; "
                              f"got a {q.dtype} q with {kv_format!r} (use backend='portable')")

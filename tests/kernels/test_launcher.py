@@ -40,6 +40,7 @@ def fake(monkeypatch):
     monkeypatch.setattr(launcher, "_interpreting", lambda: False)
     monkeypatch.setattr(launcher, "_current_device", lambda: 0)
     monkeypatch.setattr(launcher, "_current_stream", lambda device: 7)
+    monkeypatch.setattr(launcher, "_current_arch", lambda: 90)
     fn = FakeJit()
     return fn, CachedLauncher(fn)
 
@@ -50,7 +51,7 @@ def test_second_launch_skips_triton_and_passes_every_parameter(fake):
     launch((4,), (x, 32, 0.5), dict(BLOCK=16), num_warps=4)
     assert len(fn.triton_launches) == 1
     grid, args, kwargs, kernel = fn.triton_launches[0]
-    assert (grid, args, kwargs) == ((4,), (x, 32, 0.5), dict(BLOCK=16, num_warps=4)) and kernel.runs == []
+    assert (grid, args, kwargs) == ((4,), (x, 32, 0.5), dict(BLOCK=16, enable_fp_fusion=True, num_warps=4)) and kernel.runs == []
     y = torch.ones(64)  # same dtype and alignment, another int with the same properties
     launch((5, 2), (y, 48, 0.25), dict(BLOCK=16), num_warps=4)
     assert len(fn.triton_launches) == 1

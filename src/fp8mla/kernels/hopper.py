@@ -38,7 +38,7 @@ import torch
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_init, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -51,6 +51,7 @@ from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_AS_IS, Q_PREQUANTIZE
                             token_bit as _t)
 from .launcher import CachedLauncher
 from .q_quant import quantize_q
+from .triton_compat import tma_load
 
 V_CHUNK = gl.constexpr(128)  # V dims transposed at a time
 STAGES = gl.constexpr(2)     # KV pages in flight per CTA
@@ -170,11 +171,11 @@ def _load_page(lat_desc, rope_desc, scale_desc, k_lat, k_rope, k_scale, kv_ready
     page_bytes: gl.constexpr = lat_desc.block_type.nbytes + rope_desc.block_type.nbytes
     if KV_FORMAT == FP8_ROPE_BF16:
         mbarrier.expect(kv_ready.index(s), page_bytes + scale_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(scale_desc, [row, 0], kv_ready.index(s), k_scale.index(s))
+        tma_load(scale_desc, [row, 0], kv_ready.index(s), k_scale.index(s))
     else:
         mbarrier.expect(kv_ready.index(s), page_bytes)
-    tma.async_copy_global_to_shared(lat_desc, [row, 0], kv_ready.index(s), k_lat.index(s))
-    tma.async_copy_global_to_shared(rope_desc, [row, 0], kv_ready.index(s), k_rope.index(s))
+    tma_load(lat_desc, [row, 0], kv_ready.index(s), k_lat.index(s))
+    tma_load(rope_desc, [row, 0], kv_ready.index(s), k_rope.index(s))
 
 
 @gluon.jit

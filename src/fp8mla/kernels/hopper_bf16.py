@@ -28,7 +28,7 @@ from __future__ import annotations
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
 from .constants import BEGIN_REQ, D_LATENT, D_ROPE, END_REQ, LOG2E, METADATA_WIDTH, PAGE_SIZE
@@ -36,6 +36,7 @@ from .hopper_common import (BLOCK_M, HALF, LEFT, PV_REGS, Q_AS_IS, RIGHT, ROPE_B
                             load_cursor_start, load_cursor_step, load_q, online_softmax, pv_epilogue, request_range,
                             softmax_epilogue)
 from .launcher import CachedLauncher
+from .triton_compat import reinterpret, tma_load
 
 STAGES = gl.constexpr(2)     # ring slots, a whole page each
 K_BOX = gl.constexpr(64)     # latent columns per TMA box (a 128-byte swizzle span of bf16)
@@ -67,11 +68,11 @@ def _load_page(lat_desc, rope_desc, k_boxes, k_rope, kv_ready, kv_empty, page, s
         mbarrier.expect(ready, BOXES * lat_desc.block_type.nbytes)
         for b in gl.static_range(BOXES):
             box = g * BOXES + b
-            tma.async_copy_global_to_shared(lat_desc, [page * PAGE_SIZE, box * K_BOX], ready,
+            tma_load(lat_desc, [page * PAGE_SIZE, box * K_BOX], ready,
                                             k_boxes.index(s * N_BOXES + box))
     ready = _group_ready(kv_ready, s, N_GROUPS)
     mbarrier.expect(ready, rope_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(rope_desc, [page * PAGE_SIZE, 0], ready, k_rope.index(s))
+    tma_load(rope_desc, [page * PAGE_SIZE, 0], ready, k_rope.index(s))
 
 
 @gluon.jit
@@ -94,8 +95,8 @@ def _softmax_wg(q_ptr, stride_qb, stride_qs, stride_qh, seqlens_ptr, max_pages, 
                 lse_part_ptr, sm_scale_log2, H, S_Q, q_lat, q_rope, k_lat, k_rope, p_smem, alpha_smem, norm_smem,
                 kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, CAUSAL: gl.constexpr):
     R = H * S_Q
-    q_boxes = q_lat._reinterpret(gl.bfloat16, [N_BOXES, BLOCK_M, K_BOX], LAT_BF16_SMEM)   # [box] = its columns
-    k_boxes = k_lat._reinterpret(gl.bfloat16, [STAGES * N_BOXES, PAGE_SIZE, K_BOX], LAT_BF16_SMEM)
+    q_boxes = reinterpret(q_lat, gl.bfloat16, [N_BOXES, BLOCK_M, K_BOX], LAT_BF16_SMEM)   # [box] = its columns
+    k_boxes = reinterpret(k_lat, gl.bfloat16, [STAGES * N_BOXES, PAGE_SIZE, K_BOX], LAT_BF16_SMEM)
     row_l: gl.constexpr = gl.SliceLayout(1, S_BF16)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
     s_idx = rows // H
@@ -151,7 +152,7 @@ def _pv_wg(lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, seqlens_p
            p_free, epi_ready, epi_free, WG: gl.constexpr):
     """O[:, 256 WG : 256 (WG + 1)] for every page of the part; the left warpgroup also loads the pages."""
     R = H * S_Q
-    k_boxes = k_lat._reinterpret(gl.bfloat16, [STAGES * N_BOXES, PAGE_SIZE, K_BOX], LAT_BF16_SMEM)
+    k_boxes = reinterpret(k_lat, gl.bfloat16, [STAGES * N_BOXES, PAGE_SIZE, K_BOX], LAT_BF16_SMEM)
     begin_req = gl.load(meta_ptr + BEGIN_REQ)
     end_req = gl.load(meta_ptr + END_REQ)
     if WG == LEFT:  # the TMA cursor runs STAGES pages ahead, across requests (see hopper.py)

@@ -10,6 +10,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from .constants import BEGIN_PAGE, BEGIN_SPLIT, D_LATENT, D_ROPE, END_PAGE, FP8_MAX, LN2, PAGE_SIZE
+from .triton_compat import cp_async_load, reinterpret
 
 BLOCK_M = gl.constexpr(64)   # query rows per CTA (one wgmma M)
 HALF = gl.constexpr(256)     # output columns per PV warpgroup
@@ -86,7 +87,7 @@ def load_q(q_ptr, stride_qs, stride_qh, H, R, q_lat, q_rope, descale_ptr, SOURCE
         # [c]), indexed at run time so that the loop stays a loop (once-per-request code runs from a cold
         # instruction cache: ncu at b=8 s_q=2 h_q=64 showed "no instruction" stalls when it was unrolled)
         N_CHUNKS: gl.constexpr = D_LATENT // Q_CHUNK
-        chunks = q_lat._reinterpret(q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
+        chunks = reinterpret(q_lat, q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
         for c in range(N_CHUNKS):
             _copy_rows_async(chunks.index(c), q_ptr, stride_qs, stride_qh, H, R, c * Q_CHUNK)
         _copy_rows_async(q_rope, q_ptr, stride_qs, stride_qh, H, R, D_LATENT)
@@ -108,7 +109,7 @@ def _copy_rows_async(dst, q_ptr, stride_qs, stride_qh, H, R, col0):
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, layout))
     row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh + col0).to(gl.pointer_type(dst.dtype))
     cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
-    async_copy.async_copy_global_to_shared(dst, row_ptr[:, None] + cols[None, :], mask=(rows < R)[:, None])
+    cp_async_load(dst, row_ptr[:, None] + cols[None, :], mask=(rows < R)[:, None])
 
 
 @gluon.jit

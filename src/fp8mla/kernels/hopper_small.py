@@ -31,6 +31,7 @@ from .hopper_common import (HALF, LEFT, Q_AS_IS, Q_QUANTIZE, RIGHT, dim_bit as _
                             exp_step, key_limits, load_cursor_start, load_cursor_step, load_q, mask_keys, part_start,
                             request_range, softmax_epilogue, split_slot)
 from .launcher import CachedLauncher
+from .triton_compat import barrier
 
 PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
 LOAD_REGS = gl.constexpr(24)   # the load warp's (setmaxnreg's least)
@@ -73,7 +74,7 @@ def _page_max(sc, k_scale, red, red_scale, pt, KV_FORMAT: gl.constexpr):
     buf.store(gl.max(gl.reshape(sc, [4, PAGE_SIZE // 4, ROWS]), axis=1))
     if KV_FORMAT == FP8_ROPE_BF16:
         red_scale.index(pt % 2).store(gl.max(gl.reshape(k_scale, [4, PAGE_SIZE // 4]), axis=1))
-    gl.thread_barrier()
+    barrier()
     m = gl.convert_layout(gl.max(buf.load(_warp_rows_layout(ROWS)), axis=0), gl.SliceLayout(0, sc.type.layout),
                           assert_trivial=True)
     if KV_FORMAT == FP8_ROPE_BF16:

@@ -1,4 +1,4 @@
-"""Fixes for two known defects of Triton 3.6's CPU interpreter (``TRITON_INTERPRET=1``).
+"""Fixes for known defects of Triton's CPU interpreter (``TRITON_INTERPRET=1``), 3.6 to 3.9.
 
 1. A bf16 ``tl.dot`` multiplies the raw 16-bit patterns (upstream issue #11584): we widen bf16 operands to
    fp32 first, and decode fp8 operands exactly.
@@ -6,6 +6,8 @@
    PR #11897): we convert through torch, saturating with round-to-nearest-even like the GPU's
    ``cvt.rn.satfinite``.
 3. fp32 -> bf16 casts truncate where the GPU rounds to nearest even: we convert through torch.
+4. 3.9: ``bool_tensor & (scalar comparison)`` comes out int32 (0 or 1), which loads and stores reject as a mask:
+   we read such a mask as bool, as the compiled kernel does.
 
 :func:`apply` patches the interpreter's builder once; the library calls it whenever it launches a kernel in
 the interpreter, so CPU results match the GPU's arithmetic.
@@ -69,6 +71,20 @@ def apply() -> None:
                                        dst_type.scalar)
         return original_cast(self, src, dst_type)
 
+    def create_masked_load(self, ptrs, mask, *rest):   # (the rest differ between releases)
+        return original_load(self, ptrs, _bool_mask(mask), *rest)
+
+    def create_masked_store(self, ptrs, value, mask, *rest):
+        return original_store(self, ptrs, value, _bool_mask(mask), *rest)
+
+    def _bool_mask(mask):
+        if mask.data.dtype == np.bool_:
+            return mask
+        return interp.TensorHandle(mask.data != 0, mask.dtype)
+
+    original_load, original_store = builder.create_masked_load, builder.create_masked_store
+    builder.create_masked_load = create_masked_load
+    builder.create_masked_store = create_masked_store
     original_cast = builder.cast_impl
     builder.cast_impl = cast_impl
     builder.create_fp_trunc = lambda self, src, dst_type: self.cast_impl(src, dst_type)

@@ -16,6 +16,7 @@ from triton import knobs
 from triton.runtime import driver
 
 from ..api import interpreter_active
+from .triton_compat import COMPILE_OPTIONS, compiling_for
 
 
 # what Triton may specialize an argument of these exact types on (or more)
@@ -53,6 +54,10 @@ def _interpreting() -> bool:
 
 def _current_device() -> int:
     return driver.active.get_current_device()   # where Triton launches (not necessarily the tensors' device)
+
+
+def _current_arch() -> int:
+    return driver.active.get_current_target().arch   # e.g. 90: which ptxas compiles (triton_compat.compiling_for)
 
 
 def _current_stream(device: int) -> int:
@@ -93,13 +98,15 @@ class CachedLauncher:
         if _interpreting():  # the interpreter compiles nothing
             self.fn[grid](*args, **constexprs, **options)
             return
+        options = {**COMPILE_OPTIONS, **options}
         device = _current_device()
         key = (device, self._key(args), tuple(constexprs.items()), tuple(options.items()))
         kernel = self.kernels.get(key)
         if kernel is None:
             if tuple(self.fn.arg_names[len(args):]) != tuple(constexprs):
                 raise TypeError(f"{self.fn.arg_names} do not end with the constexprs {tuple(constexprs)}")
-            self.kernels[key] = self.fn[grid](*args, **constexprs, **options)
+            with compiling_for(_current_arch()):
+                self.kernels[key] = self.fn[grid](*args, **constexprs, **options)
             return
         grid = (*grid, 1, 1)[:3]
         stream = _current_stream(device)

@@ -76,6 +76,7 @@ def decode_signature(fn, **types) -> dict:
 def compile_sm90(fn, signature: dict, constexprs: dict, gluon: bool = False, divisible=(), **options):
     """``triton.compile`` for sm_90a; ``fn`` is a @triton.jit / @gluon.jit function."""
     from ..api import interpreter_active
+    from .triton_compat import COMPILE_OPTIONS, compiling_for
 
     if interpreter_active():
         raise RuntimeError("compile in a process without TRITON_INTERPRET")
@@ -92,11 +93,15 @@ def compile_sm90(fn, signature: dict, constexprs: dict, gluon: bool = False, div
     # of 16 (this is what lets loads and stores vectorize)
     attrs = {(fn.arg_names.index(k),): [["tt.divisibility", 16]] for k, t in signature.items()
              if t.startswith("*") or k in divisible}
-    return triton.compile(Source(fn, signature, constexprs, attrs), target=GPUTarget(*HOPPER), options=options)
+    with compiling_for(HOPPER[1]):
+        return triton.compile(Source(fn, signature, constexprs, attrs), target=GPUTarget(*HOPPER),
+                              options={**COMPILE_OPTIONS, **options})
 
 
 def sass_report(compiled, name: str = "") -> SassReport:
     import triton
+
+    from .triton_compat import ptxas_for
 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "k.cubin")
@@ -110,7 +115,7 @@ def sass_report(compiled, name: str = "") -> SassReport:
         with open(ptx, "w") as f:
             f.write(compiled.asm["ptx"])
         arch = f"sm_{HOPPER[1]}a"
-        log = subprocess.run([triton.knobs.nvidia.ptxas.path, "-v", f"--gpu-name={arch}", ptx, "-o",
+        log = subprocess.run([ptxas_for(HOPPER[1]), "-v", f"--gpu-name={arch}", ptx, "-o",
                               os.path.join(tmp, "k.o")], check=True, capture_output=True, text=True).stderr
     res = dict(re.findall(r"(REG|STACK|LOCAL):(\d+)", usage))
     stack = max(int(res.get("STACK", 0)), int(res.get("LOCAL", 0)))

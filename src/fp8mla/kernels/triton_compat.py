@@ -1,0 +1,116 @@
+"""What differs between the Triton releases fp8mla supports (3.6 to 3.9), kept in this one module.
+
+Gluon renamed some builtins between those releases; the kernels call them by the names below, which resolve to
+whatever the installed release has (each is the same builtin under another name, so the kernels compile to the
+same code):
+
+  3.6                                      later                                       since
+  gl.thread_barrier()                      gl.barrier()                                3.7 (old name removed)
+  tma.async_copy_global_to_shared(...)     tma.async_load(...), same positions         3.8 (old name gone in 3.9)
+  async_copy.async_copy_global_to_shared   async_copy.async_load, same positions       3.8 (likewise)
+  smem._reinterpret(dtype, shape, layout)  smem.reinterpret(dtype, shape, layout)      3.9
+
+``hopper_missing()`` says what the Hopper kernels would lack on the installed release (None if nothing): the
+backend choice asks it rather than a version string. ``sm90_ptxas()`` picks the ptxas for sm_90a: Triton 3.9
+compiles sm_90 with its ptxas 13.4, whose register allocation spills in five of these kernels where ptxas 12.x and
+13.0 keep everything in registers; the same wheel ships ptxas 12.9, used instead for our kernels only.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+
+import triton
+import triton.language as tl
+from triton import knobs
+
+# ---- Gluon, whatever the release calls it ----
+try:
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.ampere import async_copy
+    from triton.experimental.gluon.language.nvidia.hopper import tma
+    _GLUON_ERROR = None
+except ImportError as e:   # a Triton without Gluon: the portable kernels only
+    gl = async_copy = tma = None
+    _GLUON_ERROR = f"triton {triton.__version__} has no Gluon for Hopper ({e})"
+
+
+def _first(module, *names):
+    for name in names:
+        if hasattr(module, name):
+            return getattr(module, name)
+    return None
+
+
+barrier = _first(gl, "barrier", "thread_barrier")                         # a CTA-wide barrier
+tma_load = _first(tma, "async_load", "async_copy_global_to_shared")       # TMA: global -> shared memory
+cp_async_load = _first(async_copy, "async_load", "async_copy_global_to_shared")   # cp.async, likewise
+# aggregates (named groups of values passed into jit functions as one argument) became public in 3.7
+aggregate = _first(triton, "aggregate") or tl.core._aggregate
+
+
+@tl.core.builtin
+def reinterpret(smem, dtype, shape, layout, _semantic=None):
+    """``smem`` viewed as another dtype, shape and layout (a builtin: 3.6 cannot pass a layout into a jit
+    function)."""
+    view = getattr(smem, "reinterpret", None) or smem._reinterpret
+    return view(dtype, shape, layout, _semantic=_semantic)
+
+
+def hopper_missing() -> str | None:
+    """What the Gluon Hopper kernels need and the installed Triton lacks, or None."""
+    if _GLUON_ERROR:
+        return _GLUON_ERROR
+    needed = dict(barrier=barrier, tma_load=tma_load, cp_async_load=cp_async_load,
+                  warp_specialize=getattr(gl, "warp_specialize", None))
+    missing = [name for name, value in needed.items() if value is None]
+    if missing:
+        return f"triton {triton.__version__}'s Gluon has no {', '.join(missing)}"
+    return None
+
+
+# Our kernels are written for FP fusion (FMA contraction), 3.6's default; 3.9 warns that the default will change,
+# 3.10 changes it. Passed on every compile (TRITON_FORCE_DISABLE_FP_FUSION still turns it off).
+COMPILE_OPTIONS = dict(enable_fp_fusion=True)
+
+# ---- ptxas for sm_90a ----
+SPILLING_PTXAS = (13, 1)   # ptxas from this release on spills in five of these kernels (sm_90a)
+
+
+def _release(tool) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", tool.version)[:2]) if tool is not None else ()
+
+
+@functools.lru_cache(maxsize=None)
+def sm90_ptxas() -> str | None:
+    """The path of the ptxas to compile fp8mla's sm_90a kernels with when it is not the one Triton would take
+    (None: Triton's own): the release's legacy ptxas where Triton's choice for sm_90 is 13.1 or newer."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    chosen = get_ptxas(90)
+    if _release(chosen) < SPILLING_PTXAS:
+        return None
+    legacy = knobs.nvidia.ptxas
+    if legacy is not None and legacy.path != chosen.path and _release(legacy) < SPILLING_PTXAS:
+        return legacy.path
+    return None
+
+
+def ptxas_for(arch: int) -> str:
+    """The path of the ptxas our kernels are compiled with for ``arch``."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return (sm90_ptxas() if arch == 90 else None) or get_ptxas(arch).path
+
+
+@contextlib.contextmanager
+def compiling_for(arch: int):
+    """Around a compile of our kernels for ``arch`` (e.g. 90): Triton takes sm90_ptxas() for sm_90."""
+    path = sm90_ptxas() if arch == 90 else None
+    if path is None:
+        yield
+        return
+    with knobs.nvidia.scope():
+        knobs.nvidia.ptxas_blackwell = path   # what Triton 3.9 runs for sm_90 and newer
+        yield
