@@ -1,36 +1,34 @@
-"""Quick device check of the Hopper kernel, A/B timing of kernel variants, and the program the sanitizers run.
+"""GPU check of every Hopper path against the fp32 reference; A/B timing of other source trees and of the kernels'
+ablations; the program the sanitizers and the profiler run.
 
-Every Hopper path (fp8_rope_bf16; fp8 with an e4m3 q; bf16; fp8 with a bf16 q) on caches written by ``write_kv_cache``,
-with and without splits, against the fp32 reference; then timings of the two key configs (``--no-time`` skips
-them; the bench has them with the peers). ``--seqlens`` (with ``--s-q``, ``--h-q``, ``--parts``) checks one case
-instead of the default four:
+Every Hopper path (fp8_rope_bf16; fp8 with an e4m3 q; bf16; fp8 with a bf16 q) on caches written by
+``write_kv_cache``, with and without splits, against the reference; then timings of the two key configs (``--no-time``
+skips them; the bench has them with the peers). ``--seqlens`` (with ``--s-q``, ``--h-q``, ``--parts``) checks one
+case instead of the default ones:
 
     PYTHONPATH=src python3 scripts/hopper_check.py [--no-time]
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH=src compute-sanitizer --tool memcheck \\
         python3 scripts/hopper_check.py --no-time --seqlens 1000 70 --parts 5
-    PYTHONPATH=src compute-sanitizer --tool racecheck python3 scripts/hopper_check.py --no-time --seqlens 1000 70 --parts 5
 
-Without the caching allocator every tensor is its own allocation, so a read past a sequence's pages or past a
-tensor's end is an error memcheck sees. Under a sanitizer the first run compiles slowly: warm the Triton cache by
-running the same command once without it. Exits 1 on any mismatch.
+A/B: ``--trees DIR ...`` other source trees whole (``DIR/src/fp8mla``, e.g. a branch materialized by ``git archive
+BRANCH src | tar -x -C DIR``), each imported as a package of its own and called through its own API; ``--ablate``
+the working tree's 64-row kernels with stages skipped (kernels/hopper/ablations.py). Each tree is checked like the
+working tree, then everything is timed in alternating rounds on the same inputs (``--rounds``; each call in a CUDA
+graph, so the host's launch cost is not timed), and a table gives each variant's median against the working tree's:
 
-A/B: ``--variants FILE ...`` adds other versions of ``kernels/hopper.py`` (e.g. ``git show BRANCH:src/fp8mla/
-kernels/hopper.py > /tmp/b.py``), ``--trees DIR ...`` other source trees whole (``DIR/src/fp8mla``, e.g. a branch
-materialized by ``git archive BRANCH src | tar -x -C DIR``: its Hopper kernels and their helpers, hopper_common.py
-included, imported as a package of their own); each is checked like the working tree's (on the formats it takes),
-then all are timed in alternating rounds on the same inputs (``--rounds``; each call in a CUDA graph, so the host's
-launch cost is not timed), and a table gives each variant's median against the working tree's:
-
-    PYTHONPATH=src python3 scripts/hopper_check.py --variants /tmp/b.py --trees ab/next --rounds 5
+    PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --rounds 5
+    PYTHONPATH=src python3 scripts/hopper_check.py --ablate [--b 64 --s-q 2 --h-q 64]
 
 ``--profile [FORMAT]`` only runs one config (the headline b=64 s_q=2 h_q=64 unless ``--b/--s-q/--h-q`` say
 otherwise; fp8_rope_bf16 unless FORMAT is fp8 (e4m3 q) or bf16) three times, for a profiler (the kernels' names:
-``mla_decode_hopper_kernel``, ``mla_decode_hopper_small_kernel`` for s_q * h_q <= 32, ``mla_decode_hopper_bf16``):
+``mla_decode_hopper_kernel``, ``mla_decode_hopper_small_kernel`` for s_q * h_q <= 32, ``mla_decode_hopper_bf16``);
+ncu's source page then goes through scripts/ncu_stalls.py:
 
     PYTHONPATH=src ncu --clock-control none -k regex:mla_decode_hopper -s 2 -c 1 --section WarpStateStats \\
         --section SourceCounters -o prof python3 scripts/hopper_check.py --profile
 """
 import argparse
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -39,7 +37,6 @@ import torch
 import triton
 
 import fp8mla
-import fp8mla.kernels.hopper as hopper
 from fp8mla import cal_diff, reference_mla_decode
 from fp8mla.inputs import make_problem
 
@@ -49,62 +46,44 @@ CASES = [(1, 16, [200, 0, 77], False), (2, 16, [300, 1000], True), (2, 64, [1000
 TIMED = [(64, 2, 64), (128, 1, 16)]   # b, s_q, h_q at 8192 tokens each, causal
 
 
-def load_module(path, name: str):
-    """A copy of one of fp8mla's kernel modules, imported as fp8mla.kernels.NAME (its relative imports work)."""
-    spec = importlib.util.spec_from_file_location(f"fp8mla.kernels.{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def load_tree(root, name: str):
-    """kernels.hopper of the fp8mla package in the source tree ``root`` (``root/src/fp8mla``), imported as a package
-    named ``name``, so that its relative imports (hopper_common, hopper_small, hopper_bf16, q_quant) are the tree's."""
+    """The fp8mla package of the source tree ``root`` (``root/src/fp8mla``), imported as a package named ``name``:
+    its API, kernels and helpers all the tree's own."""
     package = Path(root) / "src" / "fp8mla"
     spec = importlib.util.spec_from_file_location(name, package / "__init__.py",
                                                   submodule_search_locations=[str(package)])
     sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sys.modules[name])
-    return importlib.import_module(f"{name}.kernels.hopper")
+    return sys.modules[name]
 
 
-def load_variants(paths, trees=()) -> dict:
-    """{name: launcher}: the working tree's kernel, then one per file, then one per tree."""
-    variants = {"working tree": hopper.launch_hopper}
-    modules = [(Path(path).stem, load_module(path, Path(path).stem)) for path in paths]
-    modules += [(Path(root).name, load_tree(root, f"fp8mla_tree_{i}")) for i, root in enumerate(trees)]
-    for name, module in modules:
-        variants[name] = module.launch_hopper
-        variants[name].formats = module.SUPPORTED_FORMATS
-    return variants
+class Variant:
+    """A way to decode: a tree's fp8mla API, with the working tree's ablation flags (0: none)."""
 
+    def __init__(self, api, ablate: int = 0):
+        self.api, self.ablate = api, ablate
 
-def takes(launch, kv_format) -> bool:
-    """Whether a variant's launcher handles the format (an older hopper.py may not take bf16)."""
-    return kv_format in getattr(launch, "formats", hopper.SUPPORTED_FORMATS)
+    def decode_call(self, p, kv_format, q_fp8, causal, num_parts=None):
+        """The Hopper decode of problem ``p`` with its cache written by ``write_kv_cache``, as a no-argument call."""
+        api = self.api
+        b, s_q, h_q = p.shape
+        x = p.quantized(kv_format, q_fp8)
+        cache = api.empty_kv_cache(x["k_cache"].shape[0], kv_format, device="cuda")
+        tokens = p.kv.reshape(-1, 576)
+        api.write_kv_cache(tokens[:, :512], tokens[:, 512:], cache, torch.arange(len(tokens), device="cuda"),
+                           kv_format, x["descale_k"])
+        meta, splits = api.get_mla_metadata(p.cache_seqlens, s_q * h_q, 1, num_parts=num_parts)
+        launch = importlib.import_module(f"{api.__name__}.kernels.hopper.launch")
 
-
-def decode_call(p, kv_format, q_fp8, causal, num_parts=None, launch=None):
-    """The Hopper decode of problem ``p`` with its cache written by ``write_kv_cache``, as a no-argument call
-    (through ``launch`` instead of the working tree's kernel if given)."""
-    b, s_q, h_q = p.shape
-    x = p.quantized(kv_format, q_fp8)
-    cache = fp8mla.empty_kv_cache(x["k_cache"].shape[0], kv_format, device="cuda")
-    tokens = p.kv.reshape(-1, 576)
-    fp8mla.write_kv_cache(tokens[:, :512], tokens[:, 512:], cache, torch.arange(len(tokens), device="cuda"),
-                          kv_format, x["descale_k"])
-    meta, splits = fp8mla.get_mla_metadata(p.cache_seqlens, s_q * h_q, 1, num_parts=num_parts)
-    own = hopper.launch_hopper
-
-    def call():
-        hopper.launch_hopper = launch or own   # the API looks the launcher up at each call
-        try:
-            return fp8mla.flash_mla_with_kvcache(x["q"], cache, p.block_table, p.cache_seqlens, 512, meta, splits,
-                                                 causal=causal, descale_q=x["descale_q"], descale_k=x["descale_k"],
-                                                 backend="hopper", validate=False)
-        finally:
-            hopper.launch_hopper = own
-    return call
+        def call():
+            launch.ABLATE, own = self.ablate, launch.ABLATE
+            try:
+                return api.flash_mla_with_kvcache(x["q"], cache, p.block_table, p.cache_seqlens, 512, meta, splits,
+                                                  causal=causal, descale_q=x["descale_q"], descale_k=x["descale_k"],
+                                                  backend="hopper", validate=False)
+            finally:
+                launch.ABLATE = own
+        return call
 
 
 def check(cases, parts_list, variants) -> bool:
@@ -115,10 +94,8 @@ def check(cases, parts_list, variants) -> bool:
         empty = torch.isinf(ref_lse)
         for kv_format, q_fp8 in PATHS:
             for parts in parts_list:
-                for name, launch in variants.items():
-                    if not takes(launch, kv_format):
-                        continue
-                    out, lse = decode_call(p, kv_format, q_fp8, causal, parts, launch)()
+                for name, variant in variants.items():
+                    out, lse = variant.decode_call(p, kv_format, q_fp8, causal, parts)()
                     d = cal_diff(out.float(), ref_out)["cos_diff"]
                     good = (d < (2e-5 if kv_format == "bf16" else 2.5e-3) and not out.isnan().any()
                             and torch.equal(torch.isinf(lse), empty)
@@ -140,14 +117,13 @@ def alternating_medians(calls: dict, rounds: int) -> tuple[dict, dict]:
     return times, {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
-def time_variants(variants, rounds: int) -> None:
+def time_variants(variants, rounds: int, timed=TIMED, paths=PATHS[:3]) -> None:
     """Median µs of each variant over alternating rounds, and its ratio to the working tree's (one run only)."""
     rows = []
-    for b, s_q, h_q in TIMED:
+    for b, s_q, h_q in timed:
         p = make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0)
-        for kv_format, q_fp8 in PATHS[:3]:
-            calls = {name: decode_call(p, kv_format, q_fp8, True, launch=launch) for name, launch in variants.items()
-                     if takes(launch, kv_format)}
+        for kv_format, q_fp8 in paths:
+            calls = {name: v.decode_call(p, kv_format, q_fp8, True) for name, v in variants.items()}
             for call in calls.values():
                 call()
             times, medians = alternating_medians(calls, rounds)
@@ -160,33 +136,43 @@ def time_variants(variants, rounds: int) -> None:
           + " |\n|---" + "|---" * (2 * len(names) - 1) + "|")
     for label, med in rows:
         base = med[names[0]]
-        print(f"| {label} | " + " | ".join(f"{med[n]:.1f}" if n in med else "" for n in names)
-              + "".join(f" | {med[n] / base:.3f}" if n in med else " | " for n in names[1:]) + " |")
+        print(f"| {label} | " + " | ".join(f"{med[n]:.1f}" for n in names)
+              + "".join(f" | {med[n] / base:.3f}" for n in names[1:]) + " |")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--no-time", action="store_true", help="correctness only")
     parser.add_argument("--seqlens", type=int, nargs="+", help="one case: a cache length per request")
-    parser.add_argument("--b", type=int, default=TIMED[0][0], help="requests of --profile's config")
-    parser.add_argument("--s-q", type=int, default=TIMED[0][1])
-    parser.add_argument("--h-q", type=int, default=TIMED[0][2])
+    parser.add_argument("--b", type=int, default=TIMED[0][0], help="requests of --profile's and --ablate's config")
+    parser.add_argument("--s-q", type=int, default=TIMED[0][1], help="query tokens per request, likewise")
+    parser.add_argument("--h-q", type=int, default=TIMED[0][2], help="query heads, likewise")
     parser.add_argument("--parts", type=int, help="split-KV parts for the one case (default: None and 7)")
-    parser.add_argument("--variants", nargs="+", default=[], help="other hopper.py files to check and time")
     parser.add_argument("--trees", nargs="+", default=[], help="other source trees (DIR/src/fp8mla) to check and time")
+    parser.add_argument("--ablate", action="store_true",
+                        help="time the 64-row kernels with stages skipped (no check: their results are wrong)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     parser.add_argument("--profile", nargs="?", const="fp8_rope_bf16", choices=["fp8_rope_bf16", "fp8", "bf16"],
-                        help="only run one config (--b, --s-q, --h-q; the headline one by default) three times, in this cache format (fp8: e4m3 q)")
+                        help="only run one config (--b, --s-q, --h-q) three times, in this cache format (fp8: e4m3 q)")
     args = parser.parse_args()
+    here = Variant(fp8mla)
     if args.profile:
         b, s_q, h_q = args.b, args.s_q, args.h_q
-        call = decode_call(make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0), args.profile,
-                           args.profile == "fp8", True)
+        call = here.decode_call(make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0), args.profile,
+                                args.profile == "fp8", True)
         for _ in range(3):
             call()
         torch.cuda.synchronize()
         return
-    variants = load_variants(args.variants, args.trees)
+    if args.ablate:
+        from fp8mla.kernels.hopper.ablations import ABLATIONS
+
+        variants = {"kernel": here, **{name: Variant(fp8mla, flags) for name, flags in ABLATIONS.items()}}
+        time_variants(variants, args.rounds, [(args.b, args.s_q, args.h_q)])
+        return
+    variants = {"working tree": here}
+    variants.update({Path(root).name: Variant(load_tree(root, f"fp8mla_tree_{i}")) for i, root in enumerate(args.trees)})
     if args.seqlens:
         ok = check([(args.s_q, args.h_q, args.seqlens, True)], [args.parts] if args.parts else [None, 7], variants)
     else:

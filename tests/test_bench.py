@@ -8,12 +8,13 @@ import sys
 import pytest
 import torch
 
-from fp8mla import peers, reference_mla_decode
+from fp8mla import reference_mla_decode
 from fp8mla.__main__ import main
-from fp8mla.bench import Config, add_speedups, configs_from_args, our_method, peer_method, run_suite
+from fp8mla.bench import peers
+from fp8mla.bench.metrics import decode_bytes, decode_flops, format_speed, needle_report, output_error, speed
+from fp8mla.bench.report import markdown
+from fp8mla.bench.run import Config, add_speedups, configs_from_args, our_method, peer_method, run_suite
 from fp8mla.inputs import make_problem, plant_needles
-from fp8mla.metrics import decode_bytes, decode_flops, format_speed, needle_report, output_error, speed
-from fp8mla.report import markdown
 
 HAS_GPU = torch.cuda.is_available()
 

@@ -138,8 +138,8 @@ def test_compat_step_has_no_host_sync(device):
 
 def test_metadata_of_equal_requests_has_no_host_sync(device, monkeypatch):
     """The default cut of equal-length requests (pieces fitted to the combine's steps) stays on the device."""
-    from fp8mla import scheduler
-    monkeypatch.setattr(scheduler, "_sm_count", lambda device: 132)
+    from fp8mla import runtime
+    monkeypatch.setattr(runtime, "sm_count", lambda device: 132)
     with no_host_sync():
         meta, splits = get_mla_metadata(torch.full((1,), 8192, dtype=torch.int32, device=device), 128, 1)
     assert splits.tolist() == [0, 64]
@@ -148,8 +148,8 @@ def test_metadata_of_equal_requests_has_no_host_sync(device, monkeypatch):
 def test_metadata_of_few_uneven_requests_has_no_host_sync(device, monkeypatch):
     """The default cut of a few requests of different lengths (pieces fitted to the combine's steps) stays on the
     device."""
-    from fp8mla import scheduler
-    monkeypatch.setattr(scheduler, "_sm_count", lambda device: 132)
+    from fp8mla import runtime
+    monkeypatch.setattr(runtime, "sm_count", lambda device: 132)
     with no_host_sync():
         meta, splits = get_mla_metadata(torch.tensor([8192, 1024], dtype=torch.int32, device=device), 16, 1)
     assert splits.tolist() == [0, 64, 72]

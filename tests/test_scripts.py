@@ -1,59 +1,74 @@
-"""The measurement scripts that BENCHMARKS.md's commands run, where they can be checked without a GPU."""
+"""scripts/: the maintained tools (README "Tools") work where they can be checked without a GPU; the GPU ones are
+run by the GPU tests (test_sanitizers.py runs hopper_check.py) and by scripts/gpu_suite.sh."""
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+ROOT = Path(__file__).parent.parent
+SCRIPTS = ROOT / "scripts"
+sys.path.insert(0, str(SCRIPTS))
 
 
-@pytest.mark.parametrize("kernel", ["fp8", "bf16"])
-def test_ablations_match_the_kernel(tmp_path, kernel):
-    """Each ablated copy of hopper_ablate.py is a text substitution that must still match its kernel exactly once
-    (it exits naming the one that no longer does), and each copy differs from the kernel."""
-    hopper_ablate = pytest.importorskip("hopper_ablate")
-    source = (hopper_ablate.KERNELS / hopper_ablate.SETUPS[kernel][0]).read_text()
-    paths = hopper_ablate.write_ablations(tmp_path, kernel)
-    assert len(paths) == len(hopper_ablate.SETUPS[kernel][2])
-    for path in paths:
-        text = Path(path).read_text()
-        assert text != source + hopper_ablate.SETUPS[kernel][3], path
-        compile(text, path, "exec")   # still Python
+def test_scripts_are_the_documented_few():
+    """At most six tools, each named in the README."""
+    tools = sorted(p.name for p in SCRIPTS.iterdir() if p.is_file())
+    readme = (ROOT / "README.md").read_text()
+    assert len(tools) <= 6, tools
+    assert all(f"scripts/{t}" in readme for t in tools), [t for t in tools if f"scripts/{t}" not in readme]
 
 
 def test_hopper_check_loads_a_tree_whole(tmp_path):
-    """hopper_check --trees: a source tree's Hopper kernels come with the tree's own helpers (a change to
-    hopper_common.py is part of what is timed), not with the working tree's."""
+    """hopper_check --trees: a source tree is called through its own API, so its kernels come with the tree's own
+    helpers (a change to ring.py is part of what is timed), not with the working tree's."""
     import shutil
 
     hopper_check = pytest.importorskip("hopper_check")
-    src = Path(__file__).parent.parent / "src" / "fp8mla"
+    src = ROOT / "src" / "fp8mla"
     shutil.copytree(src, tmp_path / "next" / "src" / "fp8mla", ignore=shutil.ignore_patterns("__pycache__"))
-    common = tmp_path / "next" / "src" / "fp8mla" / "kernels" / "hopper_common.py"
-    common.write_text(common.read_text() + "\nTREE_MARK = 1\n")
-    variants = hopper_check.load_variants([], [tmp_path / "next"])
-    assert list(variants) == ["working tree", "next"]
-    tree_hopper = sys.modules[variants["next"].__module__]
-    assert Path(tree_hopper.__file__).is_relative_to(tmp_path)
-    assert sys.modules[tree_hopper.__package__ + ".hopper_common"].TREE_MARK == 1
-    assert not hasattr(sys.modules["fp8mla.kernels.hopper_common"], "TREE_MARK")
-    assert variants["next"].formats == hopper_check.hopper.SUPPORTED_FORMATS
+    ring = tmp_path / "next" / "src" / "fp8mla" / "kernels" / "hopper" / "ring.py"
+    ring.write_text(ring.read_text() + "\nTREE_MARK = 1\n")
+    tree = hopper_check.load_tree(tmp_path / "next", "fp8mla_tree_test")
+    assert Path(tree.__file__).is_relative_to(tmp_path)
+    import importlib
+
+    tree_ring = importlib.import_module("fp8mla_tree_test.kernels.hopper.ring")
+    assert tree_ring.TREE_MARK == 1 and Path(tree_ring.__file__).is_relative_to(tmp_path)
+    assert not hasattr(importlib.import_module("fp8mla.kernels.hopper.ring"), "TREE_MARK")
+    assert tree.flash_mla_with_kvcache is not hopper_check.fp8mla.flash_mla_with_kvcache
 
 
-def test_mma_ceiling_issues_the_kernels_wgmmas(env_without_interpreter):
-    """mma_ceiling.py's kernel (the 64-row FP8 kernel's wgmmas alone) compiles for sm_90a to the same wgmma shapes
-    as hopper.py's, under the same registers, without spills or serialized wgmmas: otherwise its ceiling would not
-    be that design's."""
-    import json
-    import subprocess
+def test_ncu_stalls_summarises_a_source_report(tmp_path, capsys):
+    """ncu_stalls.py on a small source-page CSV: the stall reasons overall, the page loop (a conditional backward
+    branch around a wgmma) with its share of the samples, and the top instructions."""
+    ncu_stalls = pytest.importorskip("ncu_stalls")
+    head = ["Address", "Source", "Warp Stall Sampling (All Samples)", "stall_wait", "stall_barrier"]
+    rows = [("0x100", "MOV R1, R2 ;", 10, 10, 0), ("0x110", "QGMMA.64x64x32.F32.E4M3.E4M3 R24, gdesc[UR4] ;", 30, 20, 10),
+            ("0x120", "@P0 BRA 0x110", 40, 0, 40), ("0x130", "EXIT ;", 20, 20, 0)]
+    csv = tmp_path / "source.csv"
+    csv.write_text("\n".join([",".join(f'"{h}"' for h in head)]
+                             + [",".join(f'"{c}"' for c in row) for row in rows]) + "\n")
+    sys.argv = ["ncu_stalls.py", str(csv), "--top", "2"]
+    ncu_stalls.main()
+    out = capsys.readouterr().out
+    assert out.startswith("100 warp samples; stall reasons: wait=50% barrier=50%")
+    assert "page loop [0x10, 0x20] (QGMMA.64x64x32): 2 instructions, 70.0% of samples" in out
+    assert "0x20 40.00% @P0 BRA 0x110" in out
 
-    script = Path(__file__).parent.parent / "scripts" / "mma_ceiling.py"
-    out = subprocess.run([sys.executable, str(script), "--sass"], env=env_without_interpreter, check=True,
-                         capture_output=True, text=True, timeout=600).stdout
-    sides = json.loads(out)
-    assert sides["both"]["wgmma_shapes"] == ["QGMMA.64x256x32", "QGMMA.64x64x32"]
-    assert sides["Q.K^T only"]["wgmma_shapes"] == ["QGMMA.64x64x32"]
-    assert sides["P.V only"]["wgmma_shapes"] == ["QGMMA.64x256x32"]
-    for r in sides.values():
-        assert r["stack"] == 0 and r["LDL"] == 0 and r["STL"] == 0 and not r["wgmma_serialized"], r
-        assert r["regs"] == 168 and r["UTMALDG"] == 0
+
+def test_host_cost_runs_with_launches_faked(env_without_interpreter):
+    out = subprocess.run([sys.executable, str(SCRIPTS / "host_cost.py"), "--calls", "20", "--rounds", "1"],
+                         env=env_without_interpreter, check=True, capture_output=True, text=True, timeout=300).stdout
+    lines = [line for line in out.splitlines() if "us a call" in line]
+    assert len(lines) == 6 and all(float(line.split()[-6]) > 0 for line in lines), out
+
+
+@pytest.mark.parametrize("script", ["gpu_suite.sh", "triton_bundle_env.sh"])
+def test_shell_tools_parse_and_name_what_exists(script):
+    text = (SCRIPTS / script).read_text()
+    subprocess.run(["bash", "-n", str(SCRIPTS / script)], check=True)
+    for word in " ".join(shlex.split(text, comments=True)).split():
+        if word.startswith(("tests/", "scripts/")) and word.endswith((".py", ".sh")):
+            assert (ROOT / word).exists(), word

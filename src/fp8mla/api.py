@@ -1,92 +1,32 @@
-"""Public decode API: FlashMLA's call, vLLM's dense-FP8 call, and backend selection.
-
-Every shape, dtype and device is checked here, once, before any launch; the kernels trust their inputs.
-"""
+"""The public API: FlashMLA's calls (and vLLM's dense-FP8 variant through :mod:`fp8mla.compat`), each reading as
+check (checks.py) -> select (kernels.select) -> launch."""
 from __future__ import annotations
-
-import functools
-import os
-import warnings
 
 import torch
 
-from .formats import D_LATENT, D_QK, FP8_DTYPE, PAGE_SIZE, infer_kv_format
-from .scheduler import METADATA_WIDTH, get_mla_metadata
-
-BACKENDS = ("portable", "hopper")
-
-
-def interpreter_active() -> bool:
-    """Whether Triton's CPU interpreter is switched on (it must be before fp8mla.kernels is imported)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+from . import checks
+from .formats import D_LATENT, D_ROPE
+from .schedule import plan
 
 
-def hopper_available(device: torch.device) -> bool:
-    """True where the Gluon sm_90a kernels can run: an sm_90 GPU and a Triton whose Gluon has what they use."""
-    return hopper_unavailable(device) is None
+def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_heads_k: int,
+                     num_parts: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tile_scheduler_metadata [num_parts, 8] int32, num_splits [b + 1] int32)`` for one decode step.
 
-
-def hopper_unavailable(device: torch.device) -> str | None:
-    """Why the Hopper kernels cannot run on ``device`` (None if they can)."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return f"{device} is not a CUDA device"
-    if interpreter_active():
-        return "TRITON_INTERPRET is set"
-    return _hopper_unavailable(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.lru_cache(maxsize=None)   # asked on every call
-def _hopper_unavailable(index: int) -> str | None:
-    capability = torch.cuda.get_device_capability(index)
-    if capability != (9, 0):
-        return f"GPU {index} is sm_{capability[0]}{capability[1]}, not sm_90"
-    from .kernels.triton_compat import hopper_missing
-
-    return hopper_missing()
-
-
-@functools.lru_cache(maxsize=None)
-def _warn_portable_on_hopper(reason: str) -> None:
-    """Once per reason: an sm_90 GPU that runs the portable kernel is many times slower than it could be."""
-    warnings.warn(f"fp8mla: running the portable Triton kernel on an sm_90 GPU, about 10x slower than the Hopper "
-                  f"kernels, because {reason}", RuntimeWarning, stacklevel=3)
-
-
-def _check_tensor(name, t, dtypes, dim=None):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
-    if dim is not None and t.dim() != dim:
-        raise ValueError(f"{name} must have {dim} dimensions, got shape {list(t.shape)}")
-
-
-def _check_scale(name, t, device):
-    _check_tensor(name, t, (torch.float32,))
-    if t.numel() != 1 or t.dim() != 1:
-        raise ValueError(f"{name} must have shape [1], got {list(t.shape)}")
-    if t.device != device:
-        raise ValueError(f"{name} is on {t.device}, q on {device}")
-
-
-def _check_indices(block_table, cache_seqlens, num_pages):
-    """Data-dependent checks (one host read-back): seqlens fit the block table, used pages exist."""
-    max_pages = block_table.shape[1]
-    pages = (cache_seqlens.long() + PAGE_SIZE - 1) // PAGE_SIZE
-    used = torch.arange(max_pages, device=block_table.device)[None, :] < pages[:, None]
-    referenced = torch.where(used, block_table.long(), 0)
-    if referenced.numel() == 0:  # a table without columns (every request empty): nothing is referenced
-        referenced = pages.new_zeros(1)
-    stats = torch.stack([cache_seqlens.min().long(), pages.max(), referenced.min(), referenced.max()]).tolist()
-    min_len, most_pages, lo, hi = stats
-    if min_len < 0:
-        raise ValueError("cache_seqlens must be >= 0")
-    if most_pages > max_pages:
-        raise ValueError(f"block_table has {max_pages} pages per request but a seqlen needs {most_pages} "
-                         f"(pages of {PAGE_SIZE} tokens)")
-    if lo < 0 or hi >= num_pages:
-        raise ValueError(f"block_table refers to page {lo if lo < 0 else hi}, outside the cache's {num_pages} pages")
+    ``num_q_tokens_per_head_k`` is ``s_q * h_q // h_kv`` (the query rows that share one KV head) and
+    ``num_heads_k`` must be 1 (MLA has one latent KV head). Build it once per step and reuse it for every
+    layer, as with FlashMLA. ``num_parts`` (default: one per SM and row block) fixes the number of parts and
+    turns off the aligned cut of equal-length batches (:mod:`fp8mla.schedule`).
+    """
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:
+        raise ValueError("cache_seqlens must be a 1-D tensor [batch]")
+    if cache_seqlens.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"cache_seqlens must be int32, got {cache_seqlens.dtype}")
+    if num_heads_k != 1:
+        raise ValueError(f"MLA decode has one KV head, got num_heads_k={num_heads_k}")
+    if num_q_tokens_per_head_k < 1:
+        raise ValueError(f"num_q_tokens_per_head_k must be >= 1, got {num_q_tokens_per_head_k}")
+    return plan(cache_seqlens, num_q_tokens_per_head_k, num_parts)
 
 
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
@@ -115,108 +55,56 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         CUDA-graph capture; pass False on a hot path that is not captured).
     A request with seqlen 0 (or a query row that sees no key) gets out 0 and lse +inf.
     """
-    # ---- shapes, dtypes, devices ----
-    _check_tensor("q", q, (torch.bfloat16, FP8_DTYPE), dim=4)
-    b, s_q, h_q, d_qk = q.shape
-    if d_qk != D_QK:
-        raise ValueError(f"q's head dim must be {D_QK} (512 latent + 64 RoPE), got {d_qk}")
-    if head_dim_v != D_LATENT:
-        raise ValueError(f"head_dim_v must be {D_LATENT}, got {head_dim_v}")
-    if q.stride(-1) != 1:
-        raise ValueError("q's last dimension must be contiguous")
-    if not isinstance(k_cache, torch.Tensor):
-        raise TypeError(f"k_cache must be a torch.Tensor, got {type(k_cache).__name__}")
-    kv_format = infer_kv_format(k_cache, kv_format)
-    if k_cache.dim() != 4 or k_cache.shape[1] != PAGE_SIZE or k_cache.shape[2] != 1:
-        raise ValueError(f"k_cache must be [num_pages, {PAGE_SIZE}, 1, row] (page size {PAGE_SIZE}, one KV head), "
-                         f"got {list(k_cache.shape)}")
-    if not k_cache.is_contiguous():
-        raise ValueError("k_cache must be contiguous")
-    _check_tensor("block_table", block_table, (torch.int32,), dim=2)
-    _check_tensor("cache_seqlens", cache_seqlens, (torch.int32,), dim=1)
-    if block_table.shape[0] != b or cache_seqlens.shape[0] != b:
-        raise ValueError(f"block_table {list(block_table.shape)} and cache_seqlens {list(cache_seqlens.shape)} "
-                         f"must have q's batch size {b}")
-    if block_table.stride(1) != 1:
-        raise ValueError("block_table's last dimension must be contiguous")
-    _check_tensor("tile_scheduler_metadata", tile_scheduler_metadata, (torch.int32,), dim=2)
-    if tile_scheduler_metadata.shape[1] != METADATA_WIDTH or not tile_scheduler_metadata.is_contiguous():
-        raise ValueError(f"tile_scheduler_metadata must be a contiguous [num_parts, {METADATA_WIDTH}] tensor from "
-                         "get_mla_metadata")
-    _check_tensor("num_splits", num_splits, (torch.int32,), dim=1)
-    if num_splits.shape[0] != b + 1:
-        raise ValueError(f"num_splits must be [{b + 1}] (from get_mla_metadata for this batch), "
-                         f"got {list(num_splits.shape)}")
-    device = q.device
-    for name, t in (("k_cache", k_cache), ("block_table", block_table), ("cache_seqlens", cache_seqlens),
-                    ("tile_scheduler_metadata", tile_scheduler_metadata), ("num_splits", num_splits)):
-        if t.device != device:
-            raise ValueError(f"{name} is on {t.device}, q on {device}")
-    if device.type != "cuda" and not (device.type == "cpu" and interpreter_active()):
-        raise ValueError(f"tensors must be on a CUDA device (CPU only with TRITON_INTERPRET=1), got {device}")
+    from . import kernels
 
-    # ---- scales ----
-    q_fp8 = q.dtype == FP8_DTYPE
-    if q_fp8:
-        if kv_format != "fp8":
-            raise TypeError(f"a float8_e4m3fn q needs the 'fp8' cache format, got {kv_format!r}; pass bf16 q instead")
-        if descale_q is None:
-            raise ValueError("a float8_e4m3fn q needs descale_q of shape [1]")
-    if descale_q is not None:
-        if not q_fp8:
-            raise ValueError("descale_q is only for a float8_e4m3fn q")
-        _check_scale("descale_q", descale_q, device)
-    if kv_format == "fp8":
-        if descale_k is None:
-            raise ValueError("the 'fp8' cache format needs descale_k of shape [1]")
-        _check_scale("descale_k", descale_k, device)
-    elif descale_k is not None:
-        raise ValueError(f"descale_k is only for the 'fp8' format; {kv_format!r} keeps its scales in the cache")
-    if softmax_scale is None:
-        softmax_scale = D_QK ** -0.5
-    softmax_scale = float(softmax_scale)
-    if not softmax_scale > 0:  # the kernels take each row's max on unscaled scores
-        raise ValueError(f"softmax_scale must be a positive number, got {softmax_scale}")
-
-    # ---- outputs ----
-    if out is None:
-        out = torch.empty(b, s_q, h_q, D_LATENT, dtype=torch.bfloat16, device=device)
-    elif out.shape != (b, s_q, h_q, D_LATENT) or out.dtype != torch.bfloat16 or not out.is_contiguous() \
-            or out.device != device:
-        raise ValueError(f"out must be a contiguous bf16 [{b}, {s_q}, {h_q}, {D_LATENT}] tensor on {device}")
-    if lse is None:
-        lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=device)
-    elif lse.shape != (b, h_q, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous() or lse.device != device:
-        raise ValueError(f"lse must be a contiguous fp32 [{b}, {h_q}, {s_q}] tensor on {device}")
-
-    if backend not in (None, *BACKENDS):
-        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
-    if backend != "portable":
-        from .kernels.hopper import SUPPORTED_FORMATS, supports
-
-        unavailable = hopper_unavailable(device)
-        fits = unavailable is None and supports(q, kv_format)
-        if backend is None:
-            backend = "hopper" if fits else "portable"
-            if unavailable is not None and device.type == "cuda" and torch.cuda.get_device_capability(device) == (9, 0):
-                _warn_portable_on_hopper(unavailable)
-        elif unavailable is not None:
-            raise ValueError(f"the 'hopper' backend needs an sm_90 GPU and Triton's Gluon for Hopper: {unavailable}")
-        elif not fits:
-            raise ValueError(f"the 'hopper' backend takes a bf16 q with the {SUPPORTED_FORMATS} cache formats; "
-                             f"got a {q.dtype} q with {kv_format!r} (use backend='portable')")
-    if b == 0:
-        return out, lse
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if validate and not capturing:
-        _check_indices(block_table, cache_seqlens, k_cache.shape[0])
-
-    # ---- launch: split-KV decode, then combine ----
-    from .kernels import launch_decode
-
-    launch_decode(backend, q, k_cache, kv_format, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
-                  out, lse, descale_q, descale_k, softmax_scale, causal)
-    return out, lse
+    call = checks.check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                               num_splits, softmax_scale, causal, descale_q, descale_k, kv_format, out, lse)
+    decoder = kernels.select(backend, q.device, call.kv_format, call.rows)
+    if q.shape[0] == 0:
+        return call.out, call.lse
+    if validate and not (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
+        checks.check_indices(call)
+    kernels.launch_decode(decoder, call)
+    return call.out, call.lse
 
 
-__all__ = ["flash_mla_with_kvcache", "get_mla_metadata", "hopper_available", "BACKENDS"]
+def write_kv_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                   kv_format: str | None = None, descale_k: torch.Tensor | None = None) -> None:
+    """Append tokens to a paged cache in place (vLLM's ``concat_and_cache_mla``).
+
+    ``kv_c [T, 512]`` latent and ``k_pe [T, 64]`` RoPE vectors (any float dtype) go to the cache rows
+    ``slot_mapping [T]`` (slot = page * 64 + offset; negative slots are skipped, as for padded tokens).
+    ``"fp8"`` needs the cache's per-tensor ``descale_k``; ``"fp8_rope_bf16"`` computes each token's scale.
+    Runs as one kernel with no host synchronisation, so it can be captured in a CUDA graph.
+    """
+    from .kernels.cache_writer import launch_write_kv_cache
+
+    kv_format = checks.check_cache(k_cache, kv_format)
+    if kv_c.dim() != 2 or kv_c.shape[1] != D_LATENT:
+        raise ValueError(f"kv_c must be [num_tokens, {D_LATENT}], got {list(kv_c.shape)}")
+    if k_pe.dim() != 2 or k_pe.shape != (kv_c.shape[0], D_ROPE):
+        raise ValueError(f"k_pe must be [num_tokens, {D_ROPE}] matching kv_c, got {list(k_pe.shape)}")
+    if slot_mapping.shape != (kv_c.shape[0],) or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"slot_mapping must be an int32/int64 [{kv_c.shape[0]}] tensor")
+    if not kv_c.dtype.is_floating_point or not k_pe.dtype.is_floating_point:
+        raise TypeError("kv_c and k_pe must be floating point")
+    if kv_c.stride(1) != 1 or k_pe.stride(1) != 1:  # the kernel steps through rows by stride(0) only
+        raise ValueError("kv_c's and k_pe's last dimension must be contiguous")
+    if kv_format == "fp8" and (descale_k is None or descale_k.numel() != 1):
+        raise ValueError("the 'fp8' format needs descale_k of shape [1]")
+    devices = {t.device for t in (kv_c, k_pe, k_cache, slot_mapping)}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    if kv_c.shape[0] == 0:
+        return
+    launch_write_kv_cache(kv_c, k_pe, k_cache, slot_mapping, kv_format, descale_k)
+
+
+def hopper_available(device: torch.device) -> bool:
+    """True where the Gluon sm_90a kernels can run: an sm_90 GPU and a Triton whose Gluon has what they use."""
+    from . import kernels
+
+    return kernels.hopper_unavailable(torch.device(device)) is None
+
+
+__all__ = ["flash_mla_with_kvcache", "get_mla_metadata", "hopper_available", "write_kv_cache"]

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from .api import flash_mla_with_kvcache
-from .formats import FP8_DTYPE, write_kv_cache
-from .scheduler import get_mla_metadata
+from .api import flash_mla_with_kvcache, get_mla_metadata, write_kv_cache
+from .formats import FP8_DTYPE
 
 # vLLM's cache dtype names -> fp8mla's format names ("auto": the model's dtype, which must be bf16 here)
 KV_CACHE_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",

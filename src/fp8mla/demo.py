@@ -5,29 +5,30 @@ from __future__ import annotations
 
 import torch
 
-from .api import flash_mla_with_kvcache
+from .api import flash_mla_with_kvcache, get_mla_metadata
 from .inputs import make_problem
-from .metrics import output_error
+from .bench.metrics import output_error
+from .bench.report import describe, sci
 from .reference import reference_mla_decode
-from .report import describe, sci
-from .scheduler import get_mla_metadata
 
 S_Q, H_Q, SEQLENS = 2, 16, [300, 77]
 CASES = (("randn", 1.0), ("RoPE ×8", 8.0))
 VARIANTS = (("bf16", False), ("fp8", False), ("fp8", True), ("fp8_rope_bf16", False))  # (format, e4m3 q)
 
 
-def run_demo(device: torch.device, seqlens: list[int] = SEQLENS, h_q: int = H_Q, seed: int = 0
-             ) -> tuple[list[dict], str]:
+def run_demo(device: torch.device, seqlens: list[int] = SEQLENS, h_q: int = H_Q, seed: int = 0,
+             progress=lambda message: None) -> tuple[list[dict], str]:
     """Decode every case and variant on ``device`` (one request per entry of ``seqlens``, inputs drawn with
-    ``seed``); returns the rows and the markdown table."""
+    ``seed``); returns the rows and the markdown table. ``progress`` gets a line per step."""
     rows = []
     for case, rope_scale in CASES:
+        progress(f"{case}: inputs and the fp32 reference")
         p = make_problem(len(seqlens), S_Q, h_q, seqlens, device=device, rope_scale=rope_scale, seed=seed)
         ref_out, ref_lse = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens, causal=True)
         meta, num_splits = get_mla_metadata(p.cache_seqlens, S_Q * h_q, 1)
         for kv_format, q_fp8 in VARIANTS:
             row = dict(case=case, format=kv_format, q="e4m3 per tensor" if q_fp8 else "bf16")
+            progress(f"{case}: {kv_format} cache, {row['q']} q")
             x = p.quantized(kv_format, q_fp8)
             try:
                 out, lse = flash_mla_with_kvcache(x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, meta,

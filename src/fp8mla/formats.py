@@ -1,4 +1,5 @@
-"""Paged KV-cache formats, FP8 quantization and the cache writer.
+"""Paged KV-cache formats as data: their layouts, and FP8 quantization of whole caches (torch only; the cache writer
+that appends tokens is :func:`fp8mla.write_kv_cache`).
 
 Every cache is paged: ``[num_pages, PAGE_SIZE, 1, row]`` (one KV head), pages reached through a block table.
 A row holds one token's 512 latent values (the "NoPE" part, also used as V) and its 64 RoPE values.
@@ -138,39 +139,3 @@ def dequantize_kv_cache(k_cache: torch.Tensor, descale_k: torch.Tensor | None = 
         return k_cache.float() * descale_k.float()
     latent, descale, rope = unpack_fp8_rope_bf16(k_cache)
     return torch.cat([latent.float() * descale, rope.float()], dim=-1)
-
-
-def write_kv_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, k_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                   kv_format: str | None = None, descale_k: torch.Tensor | None = None) -> None:
-    """Append tokens to a paged cache in place (vLLM's ``concat_and_cache_mla``).
-
-    ``kv_c [T, 512]`` latent and ``k_pe [T, 64]`` RoPE vectors (any float dtype) go to the cache rows
-    ``slot_mapping [T]`` (slot = page * 64 + offset; negative slots are skipped, as for padded tokens).
-    ``"fp8"`` needs the cache's per-tensor ``descale_k``; ``"fp8_rope_bf16"`` computes each token's scale.
-    Runs as one kernel with no host synchronisation, so it can be captured in a CUDA graph.
-    """
-    from .kernels.cache_writer import launch_write_kv_cache  # kernels import triton lazily
-
-    kv_format = infer_kv_format(k_cache, kv_format)
-    if not (k_cache.dim() == 4 and k_cache.shape[1] == PAGE_SIZE and k_cache.shape[2] == 1):
-        raise ValueError(f"k_cache must be [num_pages, {PAGE_SIZE}, 1, row], got {list(k_cache.shape)}")
-    if not k_cache.is_contiguous():
-        raise ValueError("k_cache must be contiguous")
-    if kv_c.dim() != 2 or kv_c.shape[1] != D_LATENT:
-        raise ValueError(f"kv_c must be [num_tokens, {D_LATENT}], got {list(kv_c.shape)}")
-    if k_pe.dim() != 2 or k_pe.shape != (kv_c.shape[0], D_ROPE):
-        raise ValueError(f"k_pe must be [num_tokens, {D_ROPE}] matching kv_c, got {list(k_pe.shape)}")
-    if slot_mapping.shape != (kv_c.shape[0],) or slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"slot_mapping must be an int32/int64 [{kv_c.shape[0]}] tensor")
-    if not kv_c.dtype.is_floating_point or not k_pe.dtype.is_floating_point:
-        raise TypeError("kv_c and k_pe must be floating point")
-    if kv_c.stride(1) != 1 or k_pe.stride(1) != 1:  # the kernel steps through rows by stride(0) only
-        raise ValueError("kv_c's and k_pe's last dimension must be contiguous")
-    if kv_format == "fp8" and (descale_k is None or descale_k.numel() != 1):
-        raise ValueError("the 'fp8' format needs descale_k of shape [1]")
-    devices = {t.device for t in (kv_c, k_pe, k_cache, slot_mapping)}
-    if len(devices) != 1:
-        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    if kv_c.shape[0] == 0:
-        return
-    launch_write_kv_cache(kv_c, k_pe, k_cache, slot_mapping, kv_format, descale_k)

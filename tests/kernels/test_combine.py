@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from fp8mla import scheduler
+from fp8mla import runtime
 from fp8mla.kernels.combine import launch_combine
 
 
@@ -12,7 +12,7 @@ from fp8mla.kernels.combine import launch_combine
 # several steps each (steps of 2 and 4 pieces: the o_part rows per request)
 @pytest.mark.parametrize("splits", [[0, 3, 1, 11], [5]])
 def test_combine_merges_by_lse(splits, sms, part_dtype, device, monkeypatch):
-    monkeypatch.setattr(scheduler, "_sm_count", lambda device: sms)
+    monkeypatch.setattr(runtime, "sm_count", lambda device: sms)
     b, s_q, h_q = len(splits), 2, 16
     R = s_q * h_q
     num_splits = torch.tensor([0] + splits, device=device).cumsum(0).int()

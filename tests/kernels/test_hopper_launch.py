@@ -1,36 +1,38 @@
-"""The Hopper launchers' host side on the CPU: which kernel a call reaches, with which grid, TMA descriptors,
-scales and constexprs (the kernels themselves are compiled in test_hopper.py and run on a GPU)."""
+"""The Hopper launchers' host side on the CPU: which kernel the dispatch table gives a call, with which grid, TMA
+descriptors, scales and constexprs (the kernels themselves are compiled in test_hopper.py and run on a GPU)."""
 import math
 
 import pytest
 import torch
 
 from fp8mla import get_mla_metadata
+from fp8mla.checks import check_decode
 from fp8mla.inputs import make_problem
-from fp8mla.kernels import hopper, hopper_bf16, hopper_small
+from fp8mla.kernels import decoder_for
 from fp8mla.kernels.constants import FORMAT_CODE, LOG2E
+from fp8mla.kernels.hopper import LAUNCH, bf16, launch as hopper_launch, layouts
 from fp8mla.kernels.q_quant import quantize_q
 
 
 @pytest.fixture
 def launches(monkeypatch):
     calls = []
-    for module in (hopper, hopper_bf16, hopper_small):
-        monkeypatch.setattr(module, "_launch", lambda grid, args, constexprs, m=module, **options:
-                            calls.append((m.__name__.rsplit(".", 1)[1], grid, args, constexprs, options)))
+    for name, attr in (("hopper", "_launch_fp8"), ("hopper_small", "_launch_small"), ("hopper_bf16", "_launch_bf16")):
+        monkeypatch.setattr(hopper_launch, attr, lambda grid, args, constexprs, name=name, **options:
+                            calls.append((name, grid, args, constexprs, options)))
     return calls
 
 
 def launch(kv_format, q_fp8, b=2, s_q=2, h_q=64, seqlens=(300, 70), scale=0.1):
+    """The Hopper decoder the dispatch table picks for the call, launched (its Triton launch faked)."""
     p = make_problem(b, s_q, h_q, list(seqlens), seed=0)
     x = p.quantized(kv_format, q_fp8)
     meta, num_splits = get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
     rows = s_q * h_q
-    out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16)
-    lse = torch.empty(b, h_q, s_q)
+    call = check_decode(x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, meta, num_splits, scale, True,
+                        x["descale_q"], x["descale_k"], kv_format, None, None)
     o_part, lse_part = torch.empty(b + meta.shape[0], rows, 512), torch.empty(b + meta.shape[0], rows)
-    hopper.launch_hopper(x["q"], x["k_cache"], kv_format, p.block_table, p.cache_seqlens, meta, num_splits, out, lse,
-                         o_part, lse_part, x["descale_q"], x["descale_k"], scale, True)
+    LAUNCH[decoder_for("hopper", kv_format, rows).name](call, o_part, lse_part)
     return p, x, meta
 
 
@@ -38,11 +40,11 @@ def launch(kv_format, q_fp8, b=2, s_q=2, h_q=64, seqlens=(300, 70), scale=0.1):
 def test_bf16_cache_reaches_the_bf16_kernel(launches, h_q, s_q):
     p, x, meta = launch("bf16", False, s_q=s_q, h_q=h_q)
     ((name, grid, args, constexprs, options),) = launches
-    assert name == "hopper_bf16" and constexprs == dict(CAUSAL=True) and options == dict(num_warps=4)
+    assert name == "hopper_bf16" and constexprs == dict(CAUSAL=True, ABLATE=0) and options == dict(num_warps=4)
     assert grid == (meta.shape[0], math.ceil(s_q * h_q / 64))
     q, lat, rope = args[0], args[4], args[5]
     assert q is x["q"] and (args[-2], args[-1]) == (h_q, s_q) and args[-3] == pytest.approx(0.1 * LOG2E.value)
-    assert list(lat.block_shape) == [64, hopper_bf16.K_BOX.value] and lat.layout == hopper_bf16.LAT_BF16_SMEM.value
+    assert list(lat.block_shape) == [64, bf16.K_BOX.value] and lat.layout == layouts.LAT_BF16_SMEM.value
     assert list(rope.block_shape) == [64, 64] and lat.base.dtype == rope.base.dtype == torch.bfloat16
     assert lat.base.data_ptr() == x["k_cache"].data_ptr() and rope.base.data_ptr() == x["k_cache"].data_ptr() + 1024
 
@@ -52,12 +54,12 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
     p, x, meta = launch(kv_format, q_fp8)
     ((name, grid, args, constexprs, options),) = launches
     assert name == "hopper" and grid == (meta.shape[0], 2)
-    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True)
+    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ABLATE=0)
     assert args[-3:] == (64, 2, 128)   # h_q, s_q and the query rows per request
     lat, rope, scale = args[4:7]
     assert list(lat.block_shape) == [64, 512] and lat.base.dtype == torch.float8_e4m3fn
     if kv_format == "fp8_rope_bf16":  # RoPE bf16 and each token's scale, from the same 656-byte rows
-        assert rope.base.dtype == torch.bfloat16 and list(scale.block_shape) == [64, hopper.SCALE_COLS.value]
+        assert rope.base.dtype == torch.bfloat16 and list(scale.block_shape) == [64, layouts.SCALE_COLS.value]
         assert scale.base.data_ptr() == x["k_cache"].data_ptr() + 512
     else:
         assert rope.base.dtype == torch.float8_e4m3fn and scale is rope   # no scale tile: a placeholder

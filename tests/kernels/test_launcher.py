@@ -101,7 +101,7 @@ def test_another_current_device_goes_through_triton(fake, monkeypatch):
 
 def test_tensor_descriptors_are_keyed_by_block_shape_and_strides(fake):
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    from fp8mla.kernels.hopper import LAT_SMEM
+    from fp8mla.kernels.hopper.layouts import LAT_SMEM
 
     fn, launch = fake
 
@@ -121,7 +121,7 @@ def test_tensor_descriptor_specs_are_remembered_per_object(fake):
     """A descriptor's spec is worked out once per object (kept alive while remembered, so its id is not reused)
     and stands in the key as a token shared by equal specs; the memory is bounded."""
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    from fp8mla.kernels.hopper import LAT_SMEM
+    from fp8mla.kernels.hopper.layouts import LAT_SMEM
 
     fn, launch = fake
     pages = torch.zeros(128, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)

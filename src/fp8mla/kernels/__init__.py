@@ -1,17 +1,100 @@
-"""Kernels: the portable Triton decode kernel, the Hopper Gluon kernel, the combine step and the cache writer.
+"""fp8mla's kernels, behind one dispatch table.
 
-``launch_decode`` is the one entry the API calls after it has validated every input.
+``DECODERS`` says which decode kernel serves a call (the first that fits, among the chosen backend's):
+
+  hopper_bf16    Gluon sm_90a, the bf16 cache (BF16 wgmma; V read from the page ring as it is)
+  hopper_small   Gluon sm_90a, the FP8 caches with at most 32 query rows a request (s_q * h_q): the rows on the
+                 wgmma's N, so nothing is padded to 64
+  hopper         Gluon sm_90a, the FP8 caches, 64 query rows a CTA
+  portable       plain Triton (any GPU with FP8 tensor cores, and the CPU interpreter), every format
+
+The "hopper" backend runs on an sm_90 GPU whose Triton has Gluon's Hopper API (``hopper_unavailable`` says why
+not); ``backend=None`` takes it where it can, and an sm_90 GPU that cannot gets the portable kernels and one
+warning saying why. Every decode is the chosen kernel over the split-KV schedule, then the combine of the
+requests that were split (combine.py).
 """
 from __future__ import annotations
 
+import functools
+import warnings
+from dataclasses import dataclass
+
 import torch
 
-from ..api import interpreter_active
-from ..formats import D_LATENT
+from ..formats import D_LATENT, KV_FORMATS
+from ..runtime import capability, device_index, interpreter_active
 
-if interpreter_active():
-    from . import interpreter
-    interpreter.apply()
+BACKENDS = ("portable", "hopper")
+FP8_FORMATS = ("fp8", "fp8_rope_bf16")
+SMALL_ROWS = 32   # hopper_small's largest N
+
+
+@dataclass(frozen=True)
+class Decoder:
+    name: str                  # the kernel's module
+    backend: str
+    formats: tuple[str, ...]   # cache formats it reads
+    min_rows: int              # query rows per request (s_q * h_q) it takes
+    max_rows: int | None
+
+
+DECODERS = (
+    Decoder("hopper_bf16", "hopper", ("bf16",), 1, None),
+    Decoder("hopper_small", "hopper", FP8_FORMATS, 1, SMALL_ROWS),
+    Decoder("hopper", "hopper", FP8_FORMATS, SMALL_ROWS + 1, None),
+    Decoder("portable", "portable", KV_FORMATS, 1, None),
+)
+
+
+def hopper_unavailable(device: torch.device) -> str | None:
+    """Why the Hopper kernels cannot run on ``device`` (None if they can)."""
+    if device.type != "cuda":
+        return f"{device} is not a CUDA device"
+    if interpreter_active():
+        return "TRITON_INTERPRET is set"
+    return _hopper_unavailable(device_index(device))
+
+
+@functools.lru_cache(maxsize=None)   # asked on every call
+def _hopper_unavailable(index: int) -> str | None:
+    major, minor = capability(index)
+    if (major, minor) != (9, 0):
+        return f"GPU {index} is sm_{major}{minor}, not sm_90"
+    from .triton_compat import hopper_missing
+
+    return hopper_missing()
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_portable_on_hopper(reason: str) -> None:
+    """Once per reason: an sm_90 GPU on the portable kernels is many times slower than it could be."""
+    warnings.warn(f"fp8mla: running the portable Triton kernels on an sm_90 GPU, about 10x slower than the Hopper "
+                  f"kernels, because {reason}", RuntimeWarning, stacklevel=4)
+
+
+def select(backend: str | None, device: torch.device, kv_format: str, rows: int) -> Decoder:
+    """The decoder for a call of ``rows`` query rows per request on a ``kv_format`` cache: ``backend``'s, or with
+    None the fastest that can run on ``device``."""
+    if backend not in (None, *BACKENDS):
+        raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+    if backend != "portable":
+        unavailable = hopper_unavailable(device)
+        if backend == "hopper" and unavailable is not None:
+            raise ValueError(f"the 'hopper' backend needs an sm_90 GPU and Triton's Gluon for Hopper: {unavailable}")
+        if backend is None:
+            backend = "hopper" if unavailable is None else "portable"
+            if unavailable is not None and device.type == "cuda" and capability(device_index(device)) == (9, 0):
+                _warn_portable_on_hopper(unavailable)
+    return decoder_for(backend, kv_format, rows)
+
+
+def decoder_for(backend: str, kv_format: str, rows: int) -> Decoder:
+    """The first decoder of DECODERS in ``backend`` that takes the call."""
+    for decoder in DECODERS:
+        if decoder.backend == backend and kv_format in decoder.formats and decoder.min_rows <= rows \
+                and (decoder.max_rows is None or rows <= decoder.max_rows):
+            return decoder
+    raise ValueError(f"no {backend!r} kernel takes a {kv_format!r} cache with {rows} query rows")
 
 
 def partial_dtype(kv_format: str) -> torch.dtype:
@@ -20,19 +103,19 @@ def partial_dtype(kv_format: str) -> torch.dtype:
     return torch.float32 if kv_format == "bf16" else torch.bfloat16
 
 
-def launch_decode(backend, q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse,
-                  descale_q, descale_k, softmax_scale, causal):
+def launch_decode(decoder: Decoder, call) -> None:
+    """The decode kernel ``decoder`` over ``call`` (a checks.DecodeCall), then the combine of its split requests."""
     from .combine import launch_combine
 
-    b, s_q, h_q, _ = q.shape
+    b, s_q, h_q, _ = call.q.shape
     # every part adds at most one split beyond the first of each request
-    max_splits = b + meta.shape[0]
-    o_part = torch.empty(max_splits, s_q * h_q, D_LATENT, dtype=partial_dtype(kv_format), device=q.device)
-    lse_part = torch.empty(max_splits, s_q * h_q, dtype=torch.float32, device=q.device)
-    if backend == "hopper":
-        from .hopper import launch_hopper as launch
+    max_splits = b + call.meta.shape[0]
+    o_part = torch.empty(max_splits, s_q * h_q, D_LATENT, dtype=partial_dtype(call.kv_format), device=call.q.device)
+    lse_part = torch.empty(max_splits, s_q * h_q, dtype=torch.float32, device=call.q.device)
+    if decoder.backend == "hopper":
+        from . import hopper
+        launch = hopper.LAUNCH[decoder.name]
     else:
         from .portable import launch_portable as launch
-    launch(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
-           descale_q, descale_k, softmax_scale, causal)
-    launch_combine(out, lse, o_part, lse_part, num_splits)
+    launch(call, o_part, lse_part)
+    launch_combine(call.out, call.lse, o_part, lse_part, call.num_splits)

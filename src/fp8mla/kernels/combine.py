@@ -5,19 +5,13 @@ Requests with one split were written directly by the decode kernel and are skipp
 """
 from __future__ import annotations
 
-import functools
-
 import triton
 import triton.language as tl
 
-from .. import scheduler
+from .. import runtime
+from ..schedule import combine_plan
 from .constants import D_LATENT
 from .launcher import CachedLauncher
-
-COMBINE_ROWS = 8        # query rows per program
-SPREAD_SLICES = 4        # column slices when (request, row block) programs are few
-MIN_COMBINE_DIMS = 64    # the narrowest slice of the 512 columns a program merges (when most SMs would idle still)
-STEP_ELEMENTS = 16384    # at most this many partial-O elements a program loads per step (128 per thread)
 
 
 @triton.jit
@@ -73,37 +67,8 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
 _launch = CachedLauncher(mla_combine_kernel)
 
 
-def tile(slices: int, pieces: int) -> dict:
-    """The kernel's tile constants when the 512 columns are cut into ``slices`` and a split request has about
-    ``pieces`` pieces: a step loads them all if it can (no second step's wait), but not many more (masked loads)."""
-    width = D_LATENT.value // slices
-    step = min(triton.next_power_of_2(pieces), STEP_ELEMENTS // (COMBINE_ROWS * width))
-    return dict(BLOCK_ROWS=COMBINE_ROWS, BLOCK_D=width, STEP_SPLITS=max(step, 2))
-
-
-@functools.lru_cache(maxsize=1024)   # once per batch shape: this is on every decode call's host path
-def plan(b: int, rows: int, parts: int, sms: int) -> tuple[int, int, dict]:
-    """(row blocks, slices of the 512 columns, tile constants) that merge the partial results of ``b`` requests of
-    ``rows`` query rows after a schedule of ``parts`` parts on ``sms`` SMs. The constants are shared: not to be
-    changed."""
-    row_blocks = triton.cdiv(rows, COMBINE_ROWS)
-    # few (request, row block) programs, e.g. one request cut into many pieces: the columns are split too (up to
-    # 4 ways) so that the merge's reads come from enough SMs; 8 ways if that leaves most SMs idle still
-    slices = 1
-    while slices < SPREAD_SLICES and b * row_blocks * slices < 2 * sms:
-        slices *= 2
-    if 2 * b * row_blocks * slices <= sms:
-        slices = D_LATENT.value // MIN_COMBINE_DIMS
-    return row_blocks, slices, tile(slices, max(1, parts // b))   # about parts / b pieces a request
-
-
-def step_splits(b: int, rows: int, parts: int, sms: int) -> int:
-    """How many pieces of a request one step of the combine merges (the scheduler's cut fits whole steps)."""
-    return plan(b, rows, parts, sms)[2]["STEP_SPLITS"]
-
-
 def launch_combine(out, lse, o_part, lse_part, num_splits):
     b, s_q, h_q, _ = out.shape
     parts = o_part.shape[0] - b   # o_part has b + parts rows
-    row_blocks, slices, consts = plan(b, s_q * h_q, parts, scheduler._sm_count(out.device))
+    row_blocks, slices, consts = combine_plan(b, s_q * h_q, parts, runtime.sm_count(out.device))
     _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, h_q, s_q), consts, num_warps=4)

@@ -1,9 +1,9 @@
-"""The format and schedule numbers of formats.py / scheduler.py as ``tl.constexpr``, for use inside kernels."""
+"""The format and schedule numbers of formats.py / schedule.py as ``tl.constexpr``, for use inside kernels."""
 import math
 
 import triton.language as tl
 
-from .. import formats, scheduler
+from .. import formats, schedule
 
 PAGE_SIZE = tl.constexpr(formats.PAGE_SIZE)
 D_LATENT = tl.constexpr(formats.D_LATENT)
@@ -15,12 +15,12 @@ ROW_BYTES = tl.constexpr(formats.ROW_BYTES)
 SCALE_OFFSET = tl.constexpr(formats.SCALE_OFFSET)
 ROPE_OFFSET = tl.constexpr(formats.ROPE_OFFSET)
 
-METADATA_WIDTH = tl.constexpr(scheduler.METADATA_WIDTH)
-BEGIN_REQ = tl.constexpr(scheduler.BEGIN_REQ)
-BEGIN_PAGE = tl.constexpr(scheduler.BEGIN_PAGE)
-END_REQ = tl.constexpr(scheduler.END_REQ)
-END_PAGE = tl.constexpr(scheduler.END_PAGE)
-BEGIN_SPLIT = tl.constexpr(scheduler.BEGIN_SPLIT)
+METADATA_WIDTH = tl.constexpr(schedule.METADATA_WIDTH)
+BEGIN_REQ = tl.constexpr(schedule.BEGIN_REQ)
+BEGIN_PAGE = tl.constexpr(schedule.BEGIN_PAGE)
+END_REQ = tl.constexpr(schedule.END_REQ)
+END_PAGE = tl.constexpr(schedule.END_PAGE)
+BEGIN_SPLIT = tl.constexpr(schedule.BEGIN_SPLIT)
 
 # KV_FORMAT codes the kernels specialise on
 BF16 = tl.constexpr(0)

@@ -15,7 +15,7 @@ import torch
 from triton import knobs
 from triton.runtime import driver
 
-from ..api import interpreter_active
+from ..runtime import interpreter_active
 from .triton_compat import COMPILE_OPTIONS, compiling_for
 
 
@@ -95,7 +95,9 @@ class CachedLauncher:
         return tuple(key)
 
     def __call__(self, grid, args: tuple, constexprs: dict, **options):
-        if _interpreting():  # the interpreter compiles nothing
+        if _interpreting():  # the interpreter compiles nothing (and has defects: interpreter.py)
+            from . import interpreter
+            interpreter.apply()
             self.fn[grid](*args, **constexprs, **options)
             return
         options = {**COMPILE_OPTIONS, **options}

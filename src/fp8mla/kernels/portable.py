@@ -1,7 +1,7 @@
 """Portable split-KV MLA decode kernel in plain Triton (``tl``).
 
 It runs on any NVIDIA GPU with FP8 tensor cores (and in the Triton interpreter), and is the fallback when the
-Hopper kernel cannot be used. One program handles one part of the split-KV schedule (see ``scheduler.py``) for
+Hopper kernel cannot be used. One program handles one part of the split-KV schedule (see ``schedule.py``) for
 one block of query rows; rows fold as ``m = s * h_q + h`` so that all ``s_q * h_q`` query rows of a request share
 each KV page it loads.
 
@@ -181,19 +181,20 @@ def block_m_for(rows: int) -> int:
 _launch = CachedLauncher(mla_decode_split_kernel)
 
 
-def launch_portable(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, o_part, lse_part,
-                    descale_q, descale_k, softmax_scale, causal):
-    b, s_q, h_q, _ = q.shape
-    rows = s_q * h_q
-    block_m = block_m_for(rows)
-    grid = (meta.shape[0], triton.cdiv(rows, block_m))
-    dummy = cache_seqlens  # never read: placeholders for absent scales
+def launch_portable(call, o_part, lse_part):
+    q = call.q
+    _, s_q, h_q, _ = q.shape
+    block_m = block_m_for(call.rows)
+    grid = (call.meta.shape[0], triton.cdiv(call.rows, block_m))
+    dummy = call.cache_seqlens  # never read: placeholders for absent scales
     _launch(grid, (q, q.stride(0), q.stride(1), q.stride(2),
-                   k_cache, block_table, block_table.stride(0), block_table.shape[1], cache_seqlens,
-                   meta, num_splits,
-                   out, lse, o_part, lse_part,
-                   descale_q if descale_q is not None else dummy, descale_k if descale_k is not None else dummy,
-                   softmax_scale * LOG2E.value,
+                   call.k_cache, call.block_table, call.block_table.stride(0), call.block_table.shape[1],
+                   call.cache_seqlens, call.meta, call.num_splits,
+                   call.out, call.lse, o_part, lse_part,
+                   call.descale_q if call.descale_q is not None else dummy,
+                   call.descale_k if call.descale_k is not None else dummy,
+                   call.softmax_scale * LOG2E.value,
                    h_q, s_q),
-            dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q.dtype != out.dtype, CAUSAL=causal, BLOCK_M=block_m),
+            dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=q.dtype != call.out.dtype, CAUSAL=call.causal,
+                 BLOCK_M=block_m),
             num_warps=8 if block_m == 64 else 4, num_stages=1)

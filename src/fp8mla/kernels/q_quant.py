@@ -10,7 +10,7 @@ head) order:
 
 Quantizing in the kernel instead costs every CTA of a request the same two passes over its 64 rows at the start
 of the request, on the softmax warpgroup's critical path. The small-rows kernel does the same arithmetic there
-(hopper_common.load_q).
+(hopper/operands.load_q).
 """
 from __future__ import annotations
 

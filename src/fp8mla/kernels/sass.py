@@ -75,7 +75,7 @@ def decode_signature(fn, **types) -> dict:
 
 def compile_sm90(fn, signature: dict, constexprs: dict, gluon: bool = False, divisible=(), **options):
     """``triton.compile`` for sm_90a; ``fn`` is a @triton.jit / @gluon.jit function."""
-    from ..api import interpreter_active
+    from ..runtime import interpreter_active
     from .triton_compat import COMPILE_OPTIONS, compiling_for
 
     if interpreter_active():
@@ -125,6 +125,7 @@ def sass_report(compiled, name: str = "") -> SassReport:
 
 def portable_reports() -> list[SassReport]:
     """The portable decode kernel for every format, and the combine kernel."""
+    from .. import schedule
     from . import combine, portable
     from .constants import D_LATENT
 
@@ -138,43 +139,49 @@ def portable_reports() -> list[SassReport]:
                          num_warps=8, num_stages=1)
         reports.append(sass_report(k, f"portable[{fmt}]"))
     for part_type, name in [("*fp32", "combine"), ("*bf16", "combine[bf16 partials]")]:
-        for slices in (1, int(D_LATENT // combine.MIN_COMBINE_DIMS)):   # the widest and the narrowest tile
+        for slices in (1, int(D_LATENT // schedule.MIN_COMBINE_DIMS)):   # the widest and the narrowest tile
             k = compile_sm90(combine.mla_combine_kernel,
                              decode_signature(combine.mla_combine_kernel, o_part_ptr=part_type),
-                             combine.tile(slices, pieces=64), num_warps=4)   # its longest step
+                             schedule.combine_tile(slices, pieces=64), num_warps=4)   # its longest step
             reports.append(sass_report(k, name if slices == 1 else f"{name}[{slices} slices]"))
     return reports
 
 
-def hopper_reports() -> list[SassReport]:
-    """The Gluon sm_90a decode kernels for each format they support."""
-    from . import hopper, hopper_bf16, hopper_small
+def hopper_reports(ablate: int = 0) -> list[SassReport]:
+    """The Gluon sm_90a decode kernels for each format they support (the 64-row ones with ``ablate``'s stages
+    skipped: hopper/ablations.py)."""
     from .constants import FORMAT_CODE
+    from .hopper import bf16, fp8, layouts, small
 
-    box = hopper_bf16.K_BOX.value   # the latent part's TMA box
-    sig = decode_signature(hopper_bf16.mla_decode_hopper_bf16_kernel, q_ptr="*bf16",
-                           lat_desc=f"tensordesc<bf16[64, {box}],{hopper_bf16.LAT_BF16_SMEM.value!r}>",
-                           rope_desc=f"tensordesc<bf16[64, 64],{hopper.ROPE_BF16_SMEM.value!r}>")
-    k = compile_sm90(hopper_bf16.mla_decode_hopper_bf16_kernel, sig, dict(CAUSAL=True), gluon=True,
+    box = bf16.K_BOX.value   # the latent part's TMA box
+    sig = decode_signature(bf16.mla_decode_hopper_bf16_kernel, q_ptr="*bf16",
+                           lat_desc=f"tensordesc<bf16[64, {box}],{layouts.LAT_BF16_SMEM.value!r}>",
+                           rope_desc=f"tensordesc<bf16[64, 64],{layouts.ROPE_BF16_SMEM.value!r}>")
+    k = compile_sm90(bf16.mla_decode_hopper_bf16_kernel, sig, dict(CAUSAL=True, ABLATE=ablate), gluon=True,
                      divisible=TYPICAL_DIVISIBLE, num_warps=4)
     reports = [sass_report(k, "hopper[bf16]")]
-    rope = {"fp8_rope_bf16": ("bf16", hopper.ROPE_BF16_SMEM), "fp8": ("fp8e4nv", hopper.ROPE_FP8_SMEM)}
+    if ablate:   # the small-rows kernel has no ablations
+        small = None
+    rope = {"fp8_rope_bf16": ("bf16", layouts.ROPE_BF16_SMEM), "fp8": ("fp8e4nv", layouts.ROPE_FP8_SMEM)}
     for fmt, q_fp8 in [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)]:
         rope_type, rope_layout = rope[fmt]
         rope_desc = f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>"
         # the 64-row kernel takes a bf16 q as q_quant's packed rows (typed e4m3), the small-rows kernel as it is
         types = dict(q_ptr="*fp8e4nv", o_part_ptr=_part_type(fmt),
-                     lat_desc=f"tensordesc<fp8e4nv[64, 512],{hopper.LAT_SMEM.value!r}>", rope_desc=rope_desc,
-                     scale_desc=(f"tensordesc<fp32[64, {hopper.SCALE_COLS.value}],{hopper.SCALE_SMEM.value!r}>"
+                     lat_desc=f"tensordesc<fp8e4nv[64, 512],{layouts.LAT_SMEM.value!r}>", rope_desc=rope_desc,
+                     scale_desc=(f"tensordesc<fp32[64, {layouts.SCALE_COLS.value}],{layouts.SCALE_SMEM.value!r}>"
                                  if fmt == "fp8_rope_bf16" else rope_desc))
         constexprs = dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True)
-        k = compile_sm90(hopper.mla_decode_hopper_kernel, decode_signature(hopper.mla_decode_hopper_kernel, **types),
-                         constexprs, gluon=True, divisible=TYPICAL_DIVISIBLE, num_warps=4)
+        kernel = fp8.mla_decode_hopper_kernel
+        k = compile_sm90(kernel, decode_signature(kernel, **types), {**constexprs, "ABLATE": ablate}, gluon=True,
+                         divisible=TYPICAL_DIVISIBLE, num_warps=4)
         reports.append(sass_report(k, f"hopper[{fmt}{', fp8 q' if q_fp8 else ''}]"))
-        small = hopper_small.mla_decode_hopper_small_kernel   # the same parameters, and ROWS
+        if small is None:
+            continue
+        kernel = small.mla_decode_hopper_small_kernel   # the same parameters, and ROWS
         types["q_ptr"] = "*fp8e4nv" if q_fp8 else "*bf16"
         for rows in (16, 32):   # its two N
-            k = compile_sm90(small, decode_signature(small, **types), {**constexprs, "ROWS": rows}, gluon=True,
+            k = compile_sm90(kernel, decode_signature(kernel, **types), {**constexprs, "ROWS": rows}, gluon=True,
                              divisible=TYPICAL_DIVISIBLE, num_warps=4)
             reports.append(sass_report(k, f"hopper_small{rows}[{fmt}{', fp8 q' if q_fp8 else ''}]"))
     return reports
@@ -195,10 +202,11 @@ if __name__ == "__main__":
     parser.add_argument("which", nargs="*", help="portable, hopper (default: both)")
     parser.add_argument("--dump", metavar="DIR", help="also write each kernel's instructions() to DIR/NAME.sass "
                         "(compare two trees' kernels with diff -r)")
+    parser.add_argument("--ablate", type=int, default=0, help="hopper/ablations.py's flags for the 64-row kernels")
     args = parser.parse_args()
     args.which = args.which or ["portable", "hopper"]
     for r in (portable_reports() if "portable" in args.which else []) + \
-            (hopper_reports() if "hopper" in args.which else []):
+            (hopper_reports(args.ablate) if "hopper" in args.which else []):
         print(json.dumps(r.summary()))
         if args.dump:
             os.makedirs(args.dump, exist_ok=True)

@@ -1,4 +1,5 @@
-"""Split-KV scheduler: spreads a batch's KV pages evenly over the SMs.
+"""The split-KV schedule and its cost model: how a batch's KV pages are spread over the SMs, and how the combine
+step merges the pieces a request was cut into.
 
 All requests' pages are laid end to end on one timeline, each request followed by ``FIXED_COST`` virtual pages that
 stand for its per-split overhead (loading q, writing a partial result). The timeline is cut into ``num_parts`` equal
@@ -14,8 +15,8 @@ formats, ~1% with bf16; b=64 with 128 rows already gets a request per part). Sma
 fewer pieces still where that saves the combine a step (``_pieces_per_request``; b=1-4: up to 1.29x faster), and
 so do small batches of different lengths (at most half as many requests as parts; ``_pieces_for_steps``: the
 request cut into the most pieces sets the combine's steps).
-Everything is computed with tensor ops on the device of ``cache_seqlens``, with static output shapes and no host
-synchronisation, so it can be captured in a CUDA graph.
+``plan`` computes it with tensor ops on the device of ``cache_seqlens``, with static output shapes and no host
+synchronisation.
 
 ``tile_scheduler_metadata`` is ``[num_parts, METADATA_WIDTH]`` int32; part ``p`` covers, in order, the pages
 
@@ -29,11 +30,11 @@ split buffers; a request with a single split writes the output directly and need
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
-from .formats import PAGE_SIZE
+from .formats import D_LATENT, PAGE_SIZE
+from . import runtime
 
 METADATA_WIDTH = 8
 BEGIN_REQ, BEGIN_PAGE, END_REQ, END_PAGE, BEGIN_SPLIT = range(5)
@@ -42,41 +43,61 @@ COMBINE_ROWS_PER_PAGE = 16  # query rows whose partial results the combine step 
 COMBINE_STEP_PAGES = 2  # one more step of the combine costs about as much as two pages more per piece
 ALIGN_SLACK = 0.04    # equal-length batches: the share of parts that may stay empty for aligned pieces
 ROWS_PER_BLOCK = 64   # query rows one program handles (num_parts keeps all row blocks inside one wave)
-DEFAULT_CPU_SMS = 4   # "SM" count used when scheduling for the Triton interpreter
 
-
-@functools.lru_cache(maxsize=None)
-def _sm_count(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return int(os.environ.get("FP8MLA_CPU_SMS", DEFAULT_CPU_SMS))
+# the combine step (kernels/combine.py): its programs and the pieces one of its steps merges
+COMBINE_ROWS = 8         # query rows per program
+SPREAD_SLICES = 4        # column slices when (request, row block) programs are few
+MIN_COMBINE_DIMS = 64    # the narrowest slice of the 512 columns a program merges (when most SMs would idle still)
+STEP_ELEMENTS = 16384    # at most this many partial-O elements a program loads per step (128 per thread)
 
 
 def num_sm_parts(device: torch.device, num_q_tokens_per_head_k: int, num_heads_k: int = 1) -> int:
     """How many parts the schedule has: one per SM, shared by the row blocks of every KV head."""
     row_blocks = -(-num_q_tokens_per_head_k // ROWS_PER_BLOCK)
-    return max(_sm_count(torch.device(device)) // (num_heads_k * row_blocks), 1)
+    return max(runtime.sm_count(torch.device(device)) // (num_heads_k * row_blocks), 1)
 
 
-def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_heads_k: int,
-                     num_parts: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(tile_scheduler_metadata [num_parts, 8] int32, num_splits [b + 1] int32)`` for one decode step.
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
 
-    ``num_q_tokens_per_head_k`` is ``s_q * h_q // h_kv`` (the query rows that share one KV head) and
-    ``num_heads_k`` must be 1 (MLA has one latent KV head). Build it once per step and reuse it for every
-    layer, as with FlashMLA. ``num_parts`` (default: one per SM and row block) fixes the number of parts and
-    turns off the aligned cut of equal-length batches (module docstring).
-    """
-    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:
-        raise ValueError("cache_seqlens must be a 1-D tensor [batch]")
-    if cache_seqlens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"cache_seqlens must be int32, got {cache_seqlens.dtype}")
-    if num_heads_k != 1:
-        raise ValueError(f"MLA decode has one KV head, got num_heads_k={num_heads_k}")
-    if num_q_tokens_per_head_k < 1:
-        raise ValueError(f"num_q_tokens_per_head_k must be >= 1, got {num_q_tokens_per_head_k}")
+
+def combine_tile(slices: int, pieces: int) -> dict:
+    """The combine kernel's tile constants when the 512 columns are cut into ``slices`` and a split request has about
+    ``pieces`` pieces: a step loads them all if it can (no second step's wait), but not many more (masked loads)."""
+    width = D_LATENT // slices
+    step = min(_next_power_of_2(pieces), STEP_ELEMENTS // (COMBINE_ROWS * width))
+    return dict(BLOCK_ROWS=COMBINE_ROWS, BLOCK_D=width, STEP_SPLITS=max(step, 2))
+
+
+@functools.lru_cache(maxsize=1024)   # once per batch shape: this is on every decode call's host path
+def combine_plan(b: int, rows: int, parts: int, sms: int) -> tuple[int, int, dict]:
+    """(row blocks, slices of the 512 columns, tile constants) that merge the partial results of ``b`` requests of
+    ``rows`` query rows after a schedule of ``parts`` parts on ``sms`` SMs. The constants are shared: not to be
+    changed."""
+    row_blocks = -(-rows // COMBINE_ROWS)
+    # few (request, row block) programs, e.g. one request cut into many pieces: the columns are split too (up to
+    # 4 ways) so that the merge's reads come from enough SMs; 8 ways if that leaves most SMs idle still
+    slices = 1
+    while slices < SPREAD_SLICES and b * row_blocks * slices < 2 * sms:
+        slices *= 2
+    if 2 * b * row_blocks * slices <= sms:
+        slices = D_LATENT // MIN_COMBINE_DIMS
+    return row_blocks, slices, combine_tile(slices, max(1, parts // b))   # about parts / b pieces a request
+
+
+def step_splits(b: int, rows: int, parts: int, sms: int) -> int:
+    """How many pieces of a request one step of the combine merges (the cut fits whole steps)."""
+    return combine_plan(b, rows, parts, sms)[2]["STEP_SPLITS"]
+
+
+def plan(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_parts: int | None = None
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(tile_scheduler_metadata [num_parts, 8] int32, num_splits [b + 1] int32)`` for one decode step, computed
+    with torch ops on ``cache_seqlens``'s device (its inputs checked by the caller). ``num_parts`` (default: one
+    per SM and row block) fixes the number of parts and turns off the aligned cut of equal-length batches (module
+    docstring)."""
     device = cache_seqlens.device
-    parts = num_parts or num_sm_parts(device, num_q_tokens_per_head_k, num_heads_k)
+    parts = num_parts or num_sm_parts(device, num_q_tokens_per_head_k)
     if len(cache_seqlens) == 0:
         meta = torch.zeros(parts, METADATA_WIDTH, dtype=torch.int32, device=device)
         meta[:, END_REQ] = -1
@@ -86,8 +107,7 @@ def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, 
     pieces = parts   # how many parts the timeline is cut into; the others stay empty
     b = len(pages)
     if num_parts is None and (parts * (1 - ALIGN_SLACK) <= b * (parts // b) or 2 * b <= parts):
-        from .kernels.combine import step_splits   # (the kernels import this module)
-        step = step_splits(b, num_q_tokens_per_head_k, parts, _sm_count(device))
+        step = step_splits(b, num_q_tokens_per_head_k, parts, runtime.sm_count(device))
         # few requests of different lengths: as many pieces as fit the combine's steps best (one request is of
         # one length: the cut below)
         pieces = _pieces_for_steps(pages, parts, step) if 1 < b and 2 * b <= parts else parts

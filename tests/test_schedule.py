@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from fp8mla import get_mla_metadata, scheduler
-from fp8mla.scheduler import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, COMBINE_ROWS_PER_PAGE, END_PAGE, END_REQ, FIXED_COST,
-                              num_sm_parts)
+from fp8mla import get_mla_metadata, runtime, schedule
+from fp8mla.schedule import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, COMBINE_ROWS_PER_PAGE, END_PAGE, END_REQ, FIXED_COST,
+                             num_sm_parts)
 
 
 def expand(meta, num_splits, seqlens):
@@ -42,7 +42,7 @@ def test_default_cut_covers_every_page(seed, monkeypatch):
     equal lengths half of the time."""
     g = torch.Generator().manual_seed(seed)
     sms = int(torch.randint(4, 140, (1,), generator=g))
-    monkeypatch.setattr(scheduler, "_sm_count", lambda device: sms)
+    monkeypatch.setattr(runtime, "sm_count", lambda device: sms)
     b = int(torch.randint(1, 12, (1,), generator=g))
     seqlens = torch.randint(0, 40000, (b,), generator=g, dtype=torch.int32)
     if seed % 2:
@@ -107,7 +107,7 @@ def test_equal_requests_get_a_part_each_and_no_combine():
 def test_equal_requests_are_cut_into_aligned_pieces(monkeypatch):
     """By default (132 SMs), a batch of equal lengths uses b * (parts // b) parts, so each request is cut into the
     same number of pieces and no part holds two requests' ends; other batches and an explicit num_parts do not."""
-    monkeypatch.setattr(scheduler, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(runtime, "sm_count", lambda device: 132)
     full = lambda b, n: torch.full((b,), n, dtype=torch.int32)
     meta, num_splits = get_mla_metadata(full(128, 8192), 16, 1)   # 132 parts: 128 used, one request each
     assert meta.shape == (132, 8) and num_splits.tolist() == list(range(129))
@@ -152,7 +152,7 @@ def test_equal_requests_fit_the_combine_steps(monkeypatch):
     """A lone long request cut into one piece per part (65 splits) costs the combine a third step of 32 pieces
     for one piece; the default cut makes 64 (measured on the H200: 18.6 -> 16.4 us, BENCHMARKS.md), and one page a
     piece (128 of them, four steps) becomes two pages (64, two steps). Short requests keep a piece per page."""
-    monkeypatch.setattr(scheduler, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(runtime, "sm_count", lambda device: 132)
     for b, rows, n, per_request in [(1, 128, 8192, 64), (1, 16, 8192, 64), (1, 16, 32768, 96), (2, 128, 8192, 32),
                                     (4, 16, 8192, 32), (1, 128, 2048, 32), (8, 16, 8192, 16)]:
         seqlens = torch.full((b,), n, dtype=torch.int32)
@@ -184,17 +184,17 @@ def test_few_uneven_requests_fit_the_combine_steps(seed):
             if p:
                 most = max(most, sum(1 for k in range(n) if bounds[k] < start + p and bounds[k + 1] > start))
             start += c
-        t = -(-total // n) + scheduler.COMBINE_STEP_PAGES * (-(-most // step) if most > 1 else 0)
+        t = -(-total // n) + schedule.COMBINE_STEP_PAGES * (-(-most // step) if most > 1 else 0)
         if best is None or t < best[0]:
             best = (t, n)
-    assert int(scheduler._pieces_for_steps(pages, parts, step)) == best[1]
+    assert int(schedule._pieces_for_steps(pages, parts, step)) == best[1]
 
 
 def test_few_uneven_requests_take_fewer_combine_steps(monkeypatch):
     """Two requests of 8192 and 1024 tokens, 16 query rows, 132 SMs: one piece per part gave the long one 115
     pieces (four steps of 32 in the combine); now 64 (two), over 72 parts: the longest piece three pages instead of
     two, one page-time for two combine steps."""
-    monkeypatch.setattr(scheduler, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(runtime, "sm_count", lambda device: 132)
     seqlens = torch.tensor([8192, 1024], dtype=torch.int32)
     meta, num_splits = get_mla_metadata(seqlens, 16, 1)
     check_cover(meta, num_splits, seqlens, 132)

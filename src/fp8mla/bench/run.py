@@ -23,14 +23,14 @@ from typing import Callable
 
 import torch
 
-from .api import BACKENDS, flash_mla_with_kvcache, hopper_available
-from .formats import D_LATENT, D_QK, KV_FORMATS
-from .inputs import make_problem, make_seqlens, plant_needles
+from ..api import flash_mla_with_kvcache, get_mla_metadata, hopper_available
+from ..formats import D_LATENT, D_QK, KV_FORMATS
+from ..inputs import make_problem, make_seqlens, plant_needles
+from ..kernels import BACKENDS
+from ..reference import reference_mla_decode
 from .metrics import decode_bytes, decode_flops, format_speed, needle_report, output_error, speed
 from .peers import Peer, load_peers
-from .reference import reference_mla_decode
 from .report import describe, write_report
-from .scheduler import get_mla_metadata
 
 SOFTMAX_SCALE = D_QK ** -0.5
 SEED_BATCHES = (32, 48, 64, 128)
@@ -241,11 +241,8 @@ def cpu_time(fn: Callable) -> float:
 
 
 def build_methods(device: torch.device, formats, backends, peers_dir: str | None, fa3: bool) -> list[Method]:
-    from .kernels.hopper import SUPPORTED_FORMATS
-
     usable = [b for b in (backends or BACKENDS) if b != "hopper" or hopper_available(device)]
-    methods = [our_method(f, b) for f in (formats or KV_FORMATS) for b in usable
-               if b != "hopper" or f in SUPPORTED_FORMATS]
+    methods = [our_method(f, b) for f in (formats or KV_FORMATS) for b in usable]
     if peers_dir:
         methods += [peer_method(p) for p in load_peers(peers_dir, fa3=fa3)]
     return methods

@@ -23,8 +23,8 @@ from typing import Callable
 
 import torch
 
-from .formats import D_LATENT, D_ROPE, PAGE_SIZE
-from .inputs import DecodeProblem
+from ..formats import D_LATENT, D_ROPE, PAGE_SIZE
+from ..inputs import DecodeProblem
 from .report import describe
 
 Inputs = Callable[[str, bool], dict]     # (kv_format, q_fp8) -> DecodeProblem.quantized(...)

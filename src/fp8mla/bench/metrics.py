@@ -14,8 +14,8 @@ import math
 
 import torch
 
-from .formats import D_LATENT, D_QK, ROW_BYTES
-from .reference import cal_diff
+from ..formats import D_LATENT, D_QK, ROW_BYTES
+from ..reference import cal_diff
 
 CACHE_BYTES_PER_TOKEN = {"bf16": 2 * D_QK, "fp8": D_QK, "fp8_rope_bf16": ROW_BYTES}
 NEEDLE_COS = 0.99  # an output row "is" the needle's V when their cosine similarity is above this

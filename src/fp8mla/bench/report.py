@@ -10,7 +10,7 @@ import platform
 
 import torch
 
-from . import __version__
+from .. import __version__
 from .metrics import format_speed
 
 FORMULAS = {

@@ -1,0 +1,169 @@
+"""The public API's argument checks: every shape, dtype and device of a call, once, before anything is launched.
+
+``check_decode`` raises ``TypeError``/``ValueError`` naming the argument, and returns the call as a ``DecodeCall``
+(outputs allocated where none were given); the kernels trust it. ``check_indices`` is the opt-in data check
+(``validate=True``): it reads the block table and seqlens back to the host, so it is for debugging, not for a hot
+path. Without it the kernels still guard the data: a page index outside the cache, a seqlen beyond the block
+table or a schedule that does not cover a request's pages makes that request's out and lse NaN.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .formats import D_LATENT, D_QK, FP8_DTYPE, PAGE_SIZE, infer_kv_format
+from .runtime import interpreter_active
+from .schedule import METADATA_WIDTH
+
+
+class DecodeCall(NamedTuple):
+    q: torch.Tensor             # [b, s_q, h_q, 576] bf16 or e4m3
+    k_cache: torch.Tensor       # [num_pages, 64, 1, row]
+    kv_format: str
+    block_table: torch.Tensor   # [b, max_pages] int32
+    cache_seqlens: torch.Tensor  # [b] int32
+    meta: torch.Tensor          # [num_parts, METADATA_WIDTH] int32
+    num_splits: torch.Tensor    # [b + 1] int32
+    out: torch.Tensor           # [b, s_q, h_q, 512] bf16
+    lse: torch.Tensor           # [b, h_q, s_q] fp32
+    descale_q: torch.Tensor | None
+    descale_k: torch.Tensor | None
+    softmax_scale: float
+    causal: bool
+
+    @property
+    def rows(self) -> int:
+        """Query rows per request: s_q * h_q, which share every KV page."""
+        return self.q.shape[1] * self.q.shape[2]
+
+
+def check_tensor(name, t, dtypes, dim=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if dim is not None and t.dim() != dim:
+        raise ValueError(f"{name} must have {dim} dimensions, got shape {list(t.shape)}")
+
+
+def _check_scale(name, t, device):
+    check_tensor(name, t, (torch.float32,))
+    if t.numel() != 1 or t.dim() != 1:
+        raise ValueError(f"{name} must have shape [1], got {list(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, q on {device}")
+
+
+def check_device(device: torch.device) -> None:
+    if device.type != "cuda" and not (device.type == "cpu" and interpreter_active()):
+        raise ValueError(f"tensors must be on a CUDA device (CPU only with TRITON_INTERPRET=1), got {device}")
+
+
+def check_cache(k_cache, kv_format: str | None) -> str:
+    """k_cache's format (``kv_format`` checked against it, or inferred) after checking its shape."""
+    if not isinstance(k_cache, torch.Tensor):
+        raise TypeError(f"k_cache must be a torch.Tensor, got {type(k_cache).__name__}")
+    kv_format = infer_kv_format(k_cache, kv_format)
+    if k_cache.dim() != 4 or k_cache.shape[1] != PAGE_SIZE or k_cache.shape[2] != 1:
+        raise ValueError(f"k_cache must be [num_pages, {PAGE_SIZE}, 1, row] (page size {PAGE_SIZE}, one KV head), "
+                         f"got {list(k_cache.shape)}")
+    if not k_cache.is_contiguous():
+        raise ValueError("k_cache must be contiguous")
+    return kv_format
+
+
+def check_seqlens(cache_seqlens) -> None:
+    check_tensor("cache_seqlens", cache_seqlens, (torch.int32,), dim=1)
+
+
+def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale, causal,
+                 descale_q, descale_k, kv_format, out, lse) -> DecodeCall:
+    """flash_mla_with_kvcache's arguments checked (see its docstring), as a DecodeCall."""
+    # ---- shapes, dtypes, devices ----
+    check_tensor("q", q, (torch.bfloat16, FP8_DTYPE), dim=4)
+    b, s_q, h_q, d_qk = q.shape
+    if d_qk != D_QK:
+        raise ValueError(f"q's head dim must be {D_QK} (512 latent + 64 RoPE), got {d_qk}")
+    if head_dim_v != D_LATENT:
+        raise ValueError(f"head_dim_v must be {D_LATENT}, got {head_dim_v}")
+    if q.stride(-1) != 1:
+        raise ValueError("q's last dimension must be contiguous")
+    kv_format = check_cache(k_cache, kv_format)
+    check_tensor("block_table", block_table, (torch.int32,), dim=2)
+    check_seqlens(cache_seqlens)
+    if block_table.shape[0] != b or cache_seqlens.shape[0] != b:
+        raise ValueError(f"block_table {list(block_table.shape)} and cache_seqlens {list(cache_seqlens.shape)} "
+                         f"must have q's batch size {b}")
+    if block_table.stride(1) != 1:
+        raise ValueError("block_table's last dimension must be contiguous")
+    check_tensor("tile_scheduler_metadata", meta, (torch.int32,), dim=2)
+    if meta.shape[1] != METADATA_WIDTH or not meta.is_contiguous():
+        raise ValueError(f"tile_scheduler_metadata must be a contiguous [num_parts, {METADATA_WIDTH}] tensor from "
+                         "get_mla_metadata")
+    check_tensor("num_splits", num_splits, (torch.int32,), dim=1)
+    if num_splits.shape[0] != b + 1:
+        raise ValueError(f"num_splits must be [{b + 1}] (from get_mla_metadata for this batch), "
+                         f"got {list(num_splits.shape)}")
+    device = q.device
+    for name, t in (("k_cache", k_cache), ("block_table", block_table), ("cache_seqlens", cache_seqlens),
+                    ("tile_scheduler_metadata", meta), ("num_splits", num_splits)):
+        if t.device != device:
+            raise ValueError(f"{name} is on {t.device}, q on {device}")
+    check_device(device)
+
+    # ---- scales ----
+    q_fp8 = q.dtype == FP8_DTYPE
+    if q_fp8:
+        if kv_format != "fp8":
+            raise TypeError(f"a float8_e4m3fn q needs the 'fp8' cache format, got {kv_format!r}; pass bf16 q instead")
+        if descale_q is None:
+            raise ValueError("a float8_e4m3fn q needs descale_q of shape [1]")
+    if descale_q is not None:
+        if not q_fp8:
+            raise ValueError("descale_q is only for a float8_e4m3fn q")
+        _check_scale("descale_q", descale_q, device)
+    if kv_format == "fp8":
+        if descale_k is None:
+            raise ValueError("the 'fp8' cache format needs descale_k of shape [1]")
+        _check_scale("descale_k", descale_k, device)
+    elif descale_k is not None:
+        raise ValueError(f"descale_k is only for the 'fp8' format; {kv_format!r} keeps its scales in the cache")
+    if softmax_scale is None:
+        softmax_scale = D_QK ** -0.5
+    softmax_scale = float(softmax_scale)
+    if not softmax_scale > 0:  # the kernels take each row's max on unscaled scores
+        raise ValueError(f"softmax_scale must be a positive number, got {softmax_scale}")
+
+    # ---- outputs ----
+    if out is None:
+        out = torch.empty(b, s_q, h_q, D_LATENT, dtype=torch.bfloat16, device=device)
+    elif out.shape != (b, s_q, h_q, D_LATENT) or out.dtype != torch.bfloat16 or not out.is_contiguous() \
+            or out.device != device:
+        raise ValueError(f"out must be a contiguous bf16 [{b}, {s_q}, {h_q}, {D_LATENT}] tensor on {device}")
+    if lse is None:
+        lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=device)
+    elif lse.shape != (b, h_q, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous() or lse.device != device:
+        raise ValueError(f"lse must be a contiguous fp32 [{b}, {h_q}, {s_q}] tensor on {device}")
+    return DecodeCall(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, descale_q,
+                      descale_k, softmax_scale, bool(causal))
+
+
+def check_indices(call: DecodeCall) -> None:
+    """The opt-in data check (one host read-back): seqlens are >= 0 and fit the block table, used pages exist."""
+    block_table, cache_seqlens, num_pages = call.block_table, call.cache_seqlens, call.k_cache.shape[0]
+    max_pages = block_table.shape[1]
+    pages = (cache_seqlens.long() + PAGE_SIZE - 1) // PAGE_SIZE
+    used = torch.arange(max_pages, device=block_table.device)[None, :] < pages[:, None]
+    referenced = torch.where(used, block_table.long(), 0)
+    if referenced.numel() == 0:  # a table without columns (every request empty): nothing is referenced
+        referenced = pages.new_zeros(1)
+    stats = torch.stack([cache_seqlens.min().long(), pages.max(), referenced.min(), referenced.max()]).tolist()
+    min_len, most_pages, lo, hi = stats
+    if min_len < 0:
+        raise ValueError("cache_seqlens must be >= 0")
+    if most_pages > max_pages:
+        raise ValueError(f"block_table has {max_pages} pages per request but a seqlen needs {most_pages} "
+                         f"(pages of {PAGE_SIZE} tokens)")
+    if lo < 0 or hi >= num_pages:
+        raise ValueError(f"block_table refers to page {lo if lo < 0 else hi}, outside the cache's {num_pages} pages")

@@ -1,0 +1,13 @@
+"""Stages the 64-row Hopper kernels (fp8.py, bf16.py) can skip, to measure what each costs
+(``scripts/hopper_check.py --ablate``). The kernels' ABLATE constexpr is a sum of these flags, 0 in every real
+call (launch.ABLATE); an ablated kernel's results are wrong, it is only timed."""
+from triton.experimental.gluon import language as gl
+
+SKIP_SOFTMAX = gl.constexpr(1)     # P = the raw scores, alpha = 1: no row max, exp or row sums
+SKIP_TRANSPOSE = gl.constexpr(2)   # V^T left as it was: no transposes (fp8.py)
+SKIP_RESCALE = gl.constexpr(4)     # O = O + P.V instead of O * alpha + P.V
+SKIP_REFILLS = gl.constexpr(8)     # the ring's first pages only: each refill completes its slot at once, no bytes
+
+# what hopper_check --ablate times: the skeleton is the ring, the wgmmas and the hand-offs alone
+ABLATIONS = {"no softmax math": 1, "no transposes": 2, "no rescale": 4, "skeleton": 7, "no refills": 8,
+             "skeleton without refills": 15}

@@ -1,0 +1,87 @@
+"""A PV warpgroup's end of a request: its O columns times the softmax warpgroup's per-row O scale, stored to out
+(a request with one split: bf16, in place) or to the request's partial slot for the combine (kernels/combine.py).
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+from ..constants import D_LATENT
+from .layouts import BLOCK_M, HALF, O_GROUP, V_CHUNK
+from .ring import split_slot
+
+
+@gluon.jit
+def pv_epilogue(o, req, begin_req, R, sched, outs, hand, n_req, WG: gl.constexpr, VT_ORDER: gl.constexpr):
+    """The 64-row kernels: this warpgroup's [64, 256] O times the request's O scale (hand.norm), to out or to its
+    partial slot (store_o). outs: (out_ptr, o_part_ptr)."""
+    out_ptr, o_part_ptr = outs
+    norm = hand.take_norm(n_req, gl.SliceLayout(1, O_GROUP))   # O's rows, held as the accumulator holds them
+    direct, split = split_slot(sched, req, begin_req)
+    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
+    _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
+             o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R, VT_ORDER)
+
+
+@gluon.jit
+def _store_o(out_row, part_row, direct, o, norm, ok, VT_ORDER: gl.constexpr):
+    """This warpgroup's [64, 256] O times norm (per row): to out (bf16) if direct, else to its partial slot (bf16
+    for the FP8 formats, fp32 for bf16: the store casts), at X_row[row] + dim. One 32-column group a (column
+    32a + n) at a time, so few registers are in flight.
+    VT_ORDER: O's columns are in V^T's permuted dim order (see _store_group)."""
+    x = gl.permute(gl.reshape(o, [BLOCK_M, 2, 2, 2, 32]), (0, 4, 3, 2, 1))   # [row, n, a bit 0, bit 1, bit 2]
+    x0, x1 = gl.split(x)
+    x00, x01 = gl.split(x0)
+    x10, x11 = gl.split(x1)
+    g0, g1 = gl.split(x00)
+    g2, g3 = gl.split(x01)
+    g4, g5 = gl.split(x10)
+    g6, g7 = gl.split(x11)
+    _store_group(out_row, part_row, direct, g0, 0, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g1, 32, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g2, 64, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g3, 96, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g4, 128, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g5, 160, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g6, 192, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g7, 224, norm, ok, VT_ORDER)
+
+
+@gluon.jit
+def _store_group(out_row, part_row, direct, g, col0: gl.constexpr, norm, ok, VT_ORDER: gl.constexpr):
+    """One 32-column group. With VT_ORDER its accumulator column 8b + 2q + e holds V dim 8q + 4e + b (V^T's row
+    order), so a register relabel puts each thread's 8 dims in order for 16-byte stores; without, column n is dim
+    n and each thread stores pairs of dims. Row vectors come in SliceLayout(1, O_GROUP), which holds O's rows as
+    the accumulator does (converting them moves nothing)."""
+    if VT_ORDER:
+        g = gl.reshape(gl.permute(gl.reshape(g, [BLOCK_M, 4, 4, 2]), (0, 2, 3, 1)), [BLOCK_M, 32])
+        g = gl.convert_layout(g, O_GROUP, assert_trivial=True)
+    layout: gl.constexpr = g.type.layout
+    row_l: gl.constexpr = gl.SliceLayout(1, layout)
+    g = g * gl.convert_layout(norm, row_l, assert_trivial=True)[:, None]
+    ok = gl.convert_layout(ok, row_l, assert_trivial=True)[:, None]
+    cols = (col0 + gl.arange(0, 32, gl.SliceLayout(0, layout)))[None, :]
+    if direct:
+        gl.store(gl.convert_layout(out_row, row_l, assert_trivial=True)[:, None] + cols, g.to(gl.bfloat16), mask=ok)
+    else:
+        gl.store(gl.convert_layout(part_row, row_l, assert_trivial=True)[:, None] + cols, g, mask=ok)
+
+
+@gluon.jit
+def pv_epilogue_t(o, req, begin_req, R, sched, outs, hand, n_req, WG: gl.constexpr):
+    """small.py: this warpgroup's O^T [256 dims, ROWS] times the request's O scale, to out or to its partial slot.
+    O^T row n holds V dim WG * 256 + the transposes' d(n) (transpose._transpose_chunk)."""
+    out_ptr, o_part_ptr = outs
+    ROWS: gl.constexpr = o.shape[1]
+    OT: gl.constexpr = o.type.layout
+    norm = hand.take_norm(n_req, gl.SliceLayout(0, OT))
+    direct, split = split_slot(sched, req, begin_req)
+    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(0, OT))
+    n = gl.arange(0, HALF, gl.SliceLayout(1, OT))
+    c = n % V_CHUNK
+    dim = WG * HALF + (n - c) + ((c & 0xE0) | ((c & 7) << 2) | ((c >> 3) & 3))
+    o = o * norm[None, :]
+    ok = (rows < R)[None, :]
+    if direct:
+        gl.store(out_ptr + (req * R + rows).to(gl.int64)[None, :] * D_LATENT + dim[:, None], o.to(gl.bfloat16),
+                 mask=ok)
+    else:
+        gl.store(o_part_ptr + (split.to(gl.int64) * R + rows)[None, :] * D_LATENT + dim[:, None], o, mask=ok)

@@ -1,0 +1,201 @@
+"""The 64-row Hopper kernel for the FP8 cache formats: one CTA works through one part of the split-KV schedule for
+64 query rows, with three warp-specialised warpgroups (12 warps: ptxas compiles every partition under the
+launch's 65536 / 384 = 168-register cap, and a PV warpgroup's 64 x 256 fp32 accumulator alone takes 128):
+
+  softmax WG   issues the TMA loads of each page into the STAGES-slot ring (ring.py); per page:
+               S = q_lat.k_lat^T (FP8 wgmma) scaled + q_rope.k_rope^T (fp8_rope_bf16: BF16 wgmma, its own
+               accumulator; fp8: the same FP8 accumulation), then the online softmax of the page before, whose
+               Q.K^T it overlaps; hands P (e4m3) and the row rescale factor to the PV warpgroups (softmax.py).
+  2 PV WGs     each owns 256 of the 512 output columns: transposes its half of each page into V^T (transpose.py),
+               one page ahead of the P.V wgmma, so a ring slot is released early; then O = O * alpha + P.V^T, and
+               at a request's end O times the O scale to out or to the partial slot (epilogue.py).
+
+q arrives quantized by q_quant.py with a scale per row (for fp8_rope_bf16 its latent part, RoPE kept bf16; for the
+fp8 cache, whose RoPE keys are e4m3, the whole row, and its latent part then held in registers as the Q.K^T
+wgmma's A operand) or as an e4m3 q with one scale. The handshakes are handshakes.py's.
+"""
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
+
+from ..constants import FP8, FP8_ROPE_BF16, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
+from .ablations import SKIP_REFILLS, SKIP_RESCALE
+from .epilogue import pv_epilogue
+from .handshakes import Handoff, init_barriers
+from .layouts import (BLOCK_M, HALF, LEFT, O_ACC, PV_REGS, RIGHT, ROPE_PV_REGS, S_BF16, S_FP8, SCALE_COLS, STAGES,
+                      dim_bit as _d, token_bit as _t)
+from .operands import Q_AS_IS, Q_PREQUANTIZED, allocate_operands, load_q
+from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, request_range
+from .softmax import (ROW_LANES, key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page,
+                      token_scales)
+from .transpose import transpose_next
+
+# fp8's latent q as the Q.K^T wgmma's register operand (64 registers a thread, read from shared memory once a
+# request): the page's wgmmas then read only K there (fp8_rope_bf16's softmax warpgroup has no registers to spare)
+Q_REGS = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=S_FP8, k_width=4))
+# A page's [64 tokens, SCALE_COLS] scale tile, each token held by the threads that hold its score column in S_FP8
+# (wgmma accumulator: token bit 0 and bits 3-5 in registers, bits 1-2 in lanes 0-1), so the [64] scale vector
+# needs no layout conversion; the scale's padding columns sit in registers and are never read.
+SCALE_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(0), _t(3), _t(4), _t(5)],
+                                                     lane_bases=[_t(1), _t(2), [0, 0], [0, 0], [0, 0]],
+                                                     warp_bases=[[0, 0], [0, 0]], block_bases=[],
+                                                     shape=[64, SCALE_COLS.value]))
+# The rows' running sums of P per lane [64 rows, ROW_LANES]: the lanes that hold a row in S_FP8 (token bits 1-2)
+# each sum the 16 tokens they hold; their sums meet once, at the request's end, instead of by shuffles every page
+# (which wait behind the PV warps' shared-memory traffic).
+L_LANES = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_t(3)], lane_bases=[_d(0), _d(1), _t(0), _t(1), _t(2)],
+                                                  warp_bases=[_t(4), _t(5)], block_bases=[],
+                                                  shape=[64, ROW_LANES.value]))
+
+
+@gluon.jit
+def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, ring, hand,
+                KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
+    """query: (q_ptr, its strides of b, s, h); shape: (h_q, s_q, s_q * h_q); scales: (descale_q_ptr,
+    descale_k_ptr, softmax_scale * log2 e); q_smem: (q_lat, q_rope)."""
+    q_ptr, stride_qb, stride_qs, stride_qh = query
+    H, S_Q, R = shape
+    descale_q_ptr, descale_k_ptr, sm_scale_log2 = scales
+    q_lat, q_rope = q_smem
+    row_l: gl.constexpr = gl.SliceLayout(1, S_FP8)
+    col_l: gl.constexpr = gl.SliceLayout(0, S_FP8)
+    rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
+    s_idx = rows // H
+    sm_scale_log2 = score_scale_log2(sm_scale_log2, descale_q_ptr, descale_k_ptr, KV_FORMAT, Q_FP8)
+    part = open_part(sched)
+    begin_req = part[3]
+    # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries
+    load_cursor, load_page = load_cursor_start(part, table)
+    loaded = 0
+    # a loop with a run-time condition, so it is not unrolled: this once-per-CTA code runs from a cold instruction
+    # cache, once per copy
+    while (loaded < STAGES) & load_cursor[2]:
+        ring.load(descs, load_page, loaded, KV_FORMAT)
+        loaded += 1
+        load_cursor, load_page = load_cursor_step(part, table, load_cursor)
+    it = 0       # pages consumed (ring position)
+    n_req = 0    # requests finished (epilogue barrier phase)
+    for req in tl.range(begin_req, part[4] + 1, disable_licm=True):  # nothing hoisted: fewer spilled values
+        seqlen, lo, hi = request_range(part, req)
+        if lo < hi:
+            q_scale = gl.convert_layout(
+                load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, descale_q_ptr + req * R,
+                       Q_AS_IS if Q_FP8 else Q_PREQUANTIZED), row_l)
+            if KV_FORMAT == FP8:  # (Triton's barrier after load_q's cp.async wait: every thread's copies are in)
+                q_a = q_lat.load(Q_REGS)
+            else:
+                q_a = q_lat
+            limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
+            l_lanes = gl.zeros([BLOCK_M, ROW_LANES], gl.float32, L_LANES)
+            v_unit = gl.to_tensor(1.0)  # the V scale O is expressed in (page-local for fp8_rope_bf16)
+            state = (m_i, l_lanes, v_unit)
+            # the page before's scores, token scales and their largest (fp8: hand_p keeps one unit throughout)
+            prev = (gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8), gl.full([PAGE_SIZE], 1.0, gl.float32, col_l),
+                    1.0)
+            for blk in range(lo, hi):
+                # ---- S = q_lat.k_lat^T * scales + q_rope.k_rope^T for this page ... ----
+                s = it % STAGES
+                ring.wait(it)
+                acc = warpgroup_mma(q_a, ring.lat.index(s).permute((1, 0)),
+                                    gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8), use_acc=False, is_async=True)
+                if KV_FORMAT == FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled afterwards
+                    acc = warpgroup_mma(q_rope, ring.rope.index(s).permute((1, 0)), acc, is_async=True)
+                else:  # BF16 RoPE product in its own accumulator, so both products run during the softmax
+                    acc_rope = warpgroup_mma(q_rope, ring.rope.index(s).permute((1, 0)),
+                                             gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_BF16), use_acc=False,
+                                             is_async=True)
+                # ---- ... while the previous page's softmax runs ----
+                if blk > lo:
+                    state = softmax_page(prev, blk - 1, limits, state, it - 1, sm_scale_log2, hand, LOG2_FP8_MAX,
+                                         L_LANES, KV_FORMAT, ABLATE)
+                k_scale = token_scales(ring.scale.index(s), blk, seqlen, SCALE_LOAD, col_l, KV_FORMAT)
+                if KV_FORMAT == FP8_ROPE_BF16:  # the scales' max here, while the wgmma runs, not in the softmax
+                    k_max = gl.max(k_scale, axis=0)
+                else:
+                    k_max = 1.0
+                if KV_FORMAT == FP8:
+                    acc = warpgroup_mma_wait(0, deps=[acc, q_rope, ring.lat.index(s), ring.rope.index(s)])[0]
+                    if not Q_FP8:   # a scale per query row (an e4m3 q's is per tensor, in sm_scale_log2)
+                        acc = acc * q_scale[:, None]
+                else:
+                    acc, acc_rope = warpgroup_mma_wait(0, deps=[acc, acc_rope, q_lat, q_rope, ring.lat.index(s),
+                                                                ring.rope.index(s)])[:2]
+                    acc = acc * q_scale[:, None] * k_scale[None, :] + gl.convert_layout(acc_rope, S_FP8,
+                                                                                        assert_trivial=True)
+                ring.release(it)
+                prev = (acc, k_scale, k_max)
+                it += 1
+                if load_cursor[2]:  # refill this page's slot once the PV warpgroups have transposed it
+                    if ABLATE & SKIP_REFILLS:
+                        ring.fake_load(loaded)
+                    else:
+                        ring.load(descs, load_page, loaded, KV_FORMAT)
+                    loaded += 1
+                    load_cursor, load_page = load_cursor_step(part, table, load_cursor)
+            m_i, l_lanes, v_unit = softmax_page(prev, hi - 1, limits, state, it - 1, sm_scale_log2, hand,
+                                                LOG2_FP8_MAX, L_LANES, KV_FORMAT, ABLATE)
+
+            # ---- a request's end: its O scale to the PV warpgroups; lse ----
+            l_i = gl.convert_layout(gl.sum(l_lanes, axis=1), row_l, assert_trivial=True)
+            softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, shape,
+                             sm_scale_log2, sched, lse_outs, hand, n_req, LOG2_FP8_MAX)
+            n_req += 1
+
+
+@gluon.jit
+def _pv_wg(sched, outs, R, ring, vt, hand, WG: gl.constexpr, ABLATE: gl.constexpr):
+    """O[:, 256 WG : 256 (WG + 1)] for every page of the part. The transposes run one page ahead of the P.V wgmma
+    (across request boundaries), so a ring slot is released without waiting for the softmax of the page before
+    it. outs: (out_ptr, o_part_ptr)."""
+    part = open_part(sched)
+    begin_req = part[3]
+    t_cursor = transpose_next(ring, vt, 0, part, part_start(part), WG, ABLATE)
+    it = 0
+    n_req = 0
+    for req in tl.range(begin_req, part[4] + 1, disable_licm=True):  # nothing hoisted: fewer spilled values
+        seqlen, lo, hi = request_range(part, req)
+        if lo < hi:
+            o = warpgroup_mma_init(gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC))
+            for blk in range(lo, hi):
+                pb = it % 2
+                o = warpgroup_mma_wait(0, deps=[o])   # the previous page's P.V: its P and V^T buffers are free
+                if blk > lo:
+                    hand.free_p(1 - pb)
+                # the next page's V^T, into the buffer that P.V just released
+                t_cursor = transpose_next(ring, vt, it + 1, part, t_cursor, WG, ABLATE)
+                alpha = hand.wait_p(it, gl.SliceLayout(1, O_ACC))
+                if not ABLATE & SKIP_RESCALE:
+                    o = o * alpha[:, None]
+                o = warpgroup_mma(hand.p.index(pb), vt.index(2 * WG + pb).permute((1, 0)), o, is_async=True)
+                it += 1
+            o = warpgroup_mma_wait(0, deps=[o])
+            hand.free_p((it - 1) % 2)
+            pv_epilogue(o, req, begin_req, R, sched, outs, hand, n_req, WG, True)
+            n_req += 1
+
+
+@gluon.jit
+def mla_decode_hopper_kernel(
+        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
+        block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
+        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
+        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
+    """R = H * S_Q, the query rows per request, comes as a parameter: computed in the partitions, LLVM made it
+    one value before warp_specialize's branch, which ptxas kept in local memory."""
+    meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
+    q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
+        BLOCK_M, STAGES, rope_desc, KV_FORMAT)
+    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(STAGES)
+    ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty)
+    hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
+    sched = (meta, seqlens_ptr, max_pages, num_splits_ptr)
+    gl.warp_specialize([
+        (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q, R), sched, (block_table_ptr, stride_bt),
+                       (lse_ptr, lse_part_ptr), (lat_desc, rope_desc, scale_desc),
+                       (descale_q_ptr, descale_k_ptr, sm_scale_log2), (q_lat, q_rope), ring, hand,
+                       KV_FORMAT, Q_FP8, CAUSAL, ABLATE)),
+        (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, LEFT, ABLATE)),
+        (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, RIGHT, ABLATE)),
+    ], [4, 4], [ROPE_PV_REGS if KV_FORMAT == FP8_ROPE_BF16 else PV_REGS] * 2)

@@ -1,0 +1,102 @@
+"""The Hopper kernels' host side: the cache's TMA descriptors, and one launch function per decoder of the dispatch
+table (kernels/__init__.py), each taking a checks.DecodeCall and the split buffers."""
+from __future__ import annotations
+
+import torch
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ... import formats
+from ..constants import FORMAT_CODE, LOG2E
+from ..launcher import CachedLauncher
+from ..q_quant import quantize_q
+from .bf16 import K_BOX, mla_decode_hopper_bf16_kernel
+from .fp8 import mla_decode_hopper_kernel
+from .layouts import BLOCK_M, LAT_BF16_SMEM, LAT_SMEM, ROPE_BF16_SMEM, ROPE_FP8_SMEM, SCALE_COLS, SCALE_SMEM
+from .small import mla_decode_hopper_small_kernel, rows_per_cta
+
+ABLATE = 0   # ablations.py's flags for the 64-row kernels: 0 in every real call (hopper_check.py --ablate sets it)
+_launch_fp8 = CachedLauncher(mla_decode_hopper_kernel)
+_launch_small = CachedLauncher(mla_decode_hopper_small_kernel)
+_launch_bf16 = CachedLauncher(mla_decode_hopper_bf16_kernel)
+_descriptors: dict = {}
+
+
+def cache_descriptors(k_cache: torch.Tensor, kv_format: str):
+    """TMA descriptors of a cache's latent, RoPE and scale columns (the scale's is the RoPE's where the format has
+    none), built once per cache tensor."""
+    key = (k_cache.data_ptr(), tuple(k_cache.shape), kv_format)
+    if key not in _descriptors:
+        rows = k_cache.shape[0] * formats.PAGE_SIZE
+        lat_cols = formats.D_LATENT   # the latent part's columns per TMA box
+        if kv_format == "bf16":
+            flat = k_cache.view(rows, formats.D_QK)
+            lat, rope = flat[:, :formats.D_LATENT], flat[:, formats.D_LATENT:]
+            scale = None
+            lat_layout, rope_layout = LAT_BF16_SMEM, ROPE_BF16_SMEM
+            lat_cols = K_BOX.value   # loaded box by box (bf16._load_page)
+        elif kv_format == "fp8_rope_bf16":
+            row = k_cache.view(rows, formats.ROW_BYTES)
+            lat = row.view(torch.float8_e4m3fn)[:, :formats.D_LATENT]
+            rope = row.view(torch.bfloat16)[:, formats.ROPE_OFFSET // 2:formats.ROW_BYTES // 2]
+            scale = row.view(torch.float32)[:, formats.SCALE_OFFSET // 4:formats.SCALE_OFFSET // 4 + SCALE_COLS.value]
+            lat_layout, rope_layout = LAT_SMEM, ROPE_BF16_SMEM
+        else:
+            flat = k_cache.view(rows, formats.D_QK)
+            lat, rope = flat[:, :formats.D_LATENT], flat[:, formats.D_LATENT:]
+            scale = None
+            lat_layout, rope_layout = LAT_SMEM, ROPE_FP8_SMEM
+        if len(_descriptors) > 64:
+            _descriptors.clear()
+        lat_desc = TensorDescriptor.from_tensor(lat, [formats.PAGE_SIZE, lat_cols], lat_layout.value)
+        rope_desc = TensorDescriptor.from_tensor(rope, [formats.PAGE_SIZE, formats.D_ROPE], rope_layout.value)
+        scale_desc = (TensorDescriptor.from_tensor(scale, [formats.PAGE_SIZE, SCALE_COLS.value], SCALE_SMEM.value)
+                      if scale is not None else rope_desc)
+        _descriptors[key] = (lat_desc, rope_desc, scale_desc)
+    return _descriptors[key]
+
+
+def _fp8_args(call, q, descale_q, o_part, lse_part):
+    """The FP8 kernels' parameters (fp8.py's and small.py's are the same)."""
+    _, s_q, h_q, _ = call.q.shape
+    lat_desc, rope_desc, scale_desc = cache_descriptors(call.k_cache, call.kv_format)
+    dummy = call.cache_seqlens  # never read: placeholders for absent scales
+    return (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
+            call.block_table, call.block_table.stride(0), call.block_table.shape[1], call.cache_seqlens, call.meta,
+            call.num_splits, call.out, call.lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
+            call.descale_k if call.descale_k is not None else dummy, call.softmax_scale * LOG2E.value, h_q, s_q,
+            call.rows)
+
+
+def _fp8_constexprs(call) -> dict:
+    return dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != torch.bfloat16, CAUSAL=call.causal)
+
+
+def launch_fp8(call, o_part, lse_part):
+    """fp8.py's kernel: 64 query rows a CTA; a bf16 q is quantized first (q_quant.py: packed rows, a scale per
+    row)."""
+    q, descale_q = call.q, call.descale_q
+    if q.dtype == torch.bfloat16:
+        q, descale_q = quantize_q(q, rope_fp8=call.kv_format == "fp8")
+    _launch_fp8((call.meta.shape[0], -(-call.rows // BLOCK_M)), _fp8_args(call, q, descale_q, o_part, lse_part),
+                {**_fp8_constexprs(call), "ABLATE": ABLATE}, num_warps=4)
+
+
+def launch_small(call, o_part, lse_part):
+    """small.py's kernel: the call's (at most 32) query rows in one CTA per part, as the wgmma's N."""
+    _launch_small((call.meta.shape[0], 1), _fp8_args(call, call.q, call.descale_q, o_part, lse_part),
+                  {**_fp8_constexprs(call), "ROWS": rows_per_cta(call.rows)}, num_warps=4)
+
+
+def launch_bf16(call, o_part, lse_part):
+    """bf16.py's kernel: 64 query rows a CTA."""
+    q = call.q
+    _, s_q, h_q, _ = q.shape
+    lat_desc, rope_desc, _ = cache_descriptors(call.k_cache, call.kv_format)
+    _launch_bf16((call.meta.shape[0], -(-call.rows // BLOCK_M)),
+                 (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, call.block_table,
+                  call.block_table.stride(0), call.block_table.shape[1], call.cache_seqlens, call.meta, call.num_splits,
+                  call.out, call.lse, o_part, lse_part, call.softmax_scale * LOG2E.value, h_q, s_q),
+                 dict(CAUSAL=call.causal, ABLATE=ABLATE), num_warps=4)
+
+
+LAUNCH = {"hopper": launch_fp8, "hopper_small": launch_small, "hopper_bf16": launch_bf16}

@@ -1,0 +1,105 @@
+"""The FP8 kernels' shared-memory operands, and each request's query rows into them.
+
+A request's query rows are q's ``s_q * h_q`` rows (row r = s * h_q + h); ``q_rows`` stands for where a CTA's block
+of them is: (the request's q pointer, stride of s, stride of h, h_q, s_q * h_q); rows past s_q * h_q are zeros.
+"""
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
+
+from ..constants import D_LATENT, D_ROPE, FP8_MAX, FP8_ROPE_BF16, PAGE_SIZE
+from ..triton_compat import cp_async_load, reinterpret
+from .layouts import HALF, LAT_SMEM, P_SMEM, Q_CHUNK, Q_LOAD, SCALE_COLS, SCALE_SMEM, VEC_SMEM, VT_SMEM
+
+# what load_q finds at q's pointer
+Q_AS_IS = gl.constexpr(0)         # q in q_lat's dtype (an e4m3 q in fp8.py, a bf16 q in bf16.py): copied
+Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (small.py): quantized here
+Q_PREQUANTIZED = gl.constexpr(2)  # a bf16 q quantized before the launch (fp8.py): q_quant's packed rows
+
+
+@gluon.jit
+def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORMAT: gl.constexpr):
+    """Shared memory of the FP8 kernels' operands: q (latent e4m3; RoPE e4m3 with the fp8 cache, bf16 with
+    fp8_rope_bf16), a ring of RING pages (latent, RoPE, fp8_rope_bf16's token scales), V^T (2 halves x 2 pages),
+    and the softmax warpgroup's hand-offs: P as [rows, tokens] and the rows' rescale factors (2 pages), the rows'
+    O scale. Unused operands alias a used one."""
+    q_lat = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_LATENT], LAT_SMEM)
+    q_rope = gl.allocate_shared_memory(rope_desc.dtype, [ROWS, D_ROPE], rope_desc.layout)
+    k_lat = gl.allocate_shared_memory(gl.float8e4nv, [RING, PAGE_SIZE, D_LATENT], LAT_SMEM)
+    k_rope = gl.allocate_shared_memory(rope_desc.dtype, [RING, PAGE_SIZE, D_ROPE], rope_desc.layout)
+    if KV_FORMAT == FP8_ROPE_BF16:
+        k_scale = gl.allocate_shared_memory(gl.float32, [RING, PAGE_SIZE, SCALE_COLS], SCALE_SMEM)
+    else:
+        k_scale = k_rope
+    vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, PAGE_SIZE], P_SMEM)
+    alpha_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], VEC_SMEM)
+    norm_smem = gl.allocate_shared_memory(gl.float32, [ROWS], VEC_SMEM)
+    return q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem
+
+
+@gluon.jit
+def load_q(q_rows, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
+    """One request's query rows (as many as q_lat has) into shared memory; returns each row's descale.
+
+    SOURCE: Q_AS_IS, Q_QUANTIZE (each row to e4m3 with a scale per row, amax / 448, as q_quant.py does it: the
+    latent part, and the RoPE part too where q_rope is e4m3) or Q_PREQUANTIZED (q_quant's packed rows: e4m3 latent,
+    then the RoPE part in q_rope's dtype; the request's descales at descale_ptr).
+    This code is on the critical path of every request's start: Q_QUANTIZE (up to 32 rows) reads the latent tile
+    once, whole (at most 128 values a thread); the other sources are copied by cp.async, every copy issued before the
+    one wait (one trip to memory, no registers held).
+    """
+    q_ptr, stride_qs, stride_qh, H, R = q_rows
+    ROWS: gl.constexpr = q_lat.shape[0]
+    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
+    if SOURCE == Q_QUANTIZE:
+        gl.static_assert(ROWS <= 32, "the whole latent tile in registers")
+        row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
+        ok = (rows < R)[:, None]
+        x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
+        rope_ptr = row_ptr + D_LATENT + gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
+        amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
+        ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # one scale for the whole row: see q_quant.py
+        if ROPE_FP8:
+            x_rope = gl.load(rope_ptr, mask=ok, other=0.0)
+            amax = gl.maximum(amax, gl.max(gl.abs(x_rope.to(gl.float32)), axis=1))
+        descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
+        q_lat.store((x.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
+        if ROPE_FP8:
+            q_rope.store((x_rope.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
+        else:
+            q_rope.store(gl.load(rope_ptr, mask=ok, other=0.0))
+    else:
+        if SOURCE == Q_PREQUANTIZED:
+            descale = gl.load(descale_ptr + rows, mask=rows < R, other=1.0)
+        else:
+            descale = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
+        # q_lat as its column chunks (a swizzled tile is stored swizzle-width column block by block, so chunk c is
+        # [c]), indexed at run time so that the loop stays a loop (once-per-request code runs from a cold
+        # instruction cache)
+        N_CHUNKS: gl.constexpr = D_LATENT // Q_CHUNK
+        chunks = reinterpret(q_lat, q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
+        for c in range(N_CHUNKS):
+            _copy_rows_async(chunks.index(c), q_rows, c * Q_CHUNK)
+        _copy_rows_async(q_rope, q_rows, D_LATENT)
+        async_copy.commit_group()
+        async_copy.wait_group(0)
+    fence_async_shared()
+    return descale
+
+
+@gluon.jit
+def _copy_rows_async(dst, q_rows, col0):
+    """cp.async of the CTA's query rows into dst, 16 bytes a copy, from column col0 (of q's element type) on, read
+    as dst's dtype (q_quant's packed rows: bf16 RoPE after the e4m3 latent part); rows past R are zero-filled."""
+    q_ptr, stride_qs, stride_qh, H, R = q_rows
+    ROWS: gl.constexpr = dst.shape[0]
+    COLS: gl.constexpr = dst.shape[1]
+    VEC: gl.constexpr = 128 // dst.dtype.primitive_bitwidth
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, VEC], threads_per_warp=[32 * VEC // COLS, COLS // VEC],
+                                            warps_per_cta=[4, 1], order=[1, 0])
+    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, layout))
+    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh + col0).to(gl.pointer_type(dst.dtype))
+    cols = gl.arange(0, COLS, gl.SliceLayout(0, layout))
+    cp_async_load(dst, row_ptr[:, None] + cols[None, :], mask=(rows < R)[:, None])

@@ -1,0 +1,159 @@
+"""The page ring: a CTA's walk through its part of the split-KV schedule, and the shared-memory slots its KV pages
+are loaded into by TMA.
+
+Words (docs/design.md defines them for the whole project): a *part* is one CTA's share of the schedule, a run of
+pages from (begin request, begin page) to (end request, end page); a *page* is 64 tokens of one request's cache,
+reached through the block table; a ring *position* counts the pages a CTA has loaded (or consumed) across all its
+requests, and its *slot* is position % RING.
+
+``sched`` is (meta, seqlens_ptr, max_pages, num_splits_ptr), meta pointing at this CTA's part of the schedule;
+``part`` is (meta, seqlens_ptr, max_pages, begin request, end request), read from it by ``open_part``; a cursor
+is (request, page, on a page?, the request's seqlen, its end page) and moves by ``advance``.
+"""
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+
+from ..constants import BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, END_PAGE, END_REQ, FP8_ROPE_BF16, PAGE_SIZE
+from ..triton_compat import aggregate, tma_load
+
+
+@gluon.jit
+def open_part(sched):
+    """This CTA's part: (meta, seqlens_ptr, max_pages, begin request, end request); a part with begin > end is
+    empty."""
+    meta, seqlens_ptr, max_pages, _ = sched
+    return meta, seqlens_ptr, max_pages, gl.load(meta + BEGIN_REQ), gl.load(meta + END_REQ)
+
+
+@gluon.jit
+def request_range(part, req):
+    """(seqlen, first page, end page) of request req within this CTA's part (no pages if the part is empty:
+    then req is one past the last request, and seqlens is not read)."""
+    meta, seqlens_ptr, max_pages, begin_req, end_req = part
+    seqlen = gl.load(seqlens_ptr + req, mask=req <= end_req, other=0)
+    lo = gl.where(req == begin_req, gl.load(meta + BEGIN_PAGE), 0)
+    hi = gl.where(req == end_req, gl.load(meta + END_PAGE), (seqlen + PAGE_SIZE - 1) // PAGE_SIZE)
+    return seqlen, lo, gl.minimum(hi, max_pages)
+
+
+@gluon.jit
+def split_slot(sched, req, begin_req):
+    """(True if the request has a single split, its partial-result slot)."""
+    meta, _, _, num_splits_ptr = sched
+    split0 = gl.load(num_splits_ptr + req)
+    direct = gl.load(num_splits_ptr + req + 1) - split0 == 1
+    split = split0 + gl.where(req == begin_req, gl.load(meta + BEGIN_SPLIT), 0)
+    return direct, split
+
+
+@gluon.jit
+def _seek(part, req, blk):
+    """The cursor on the first page of the part at or after (req, blk), requests past their last page skipped."""
+    end_req = part[4]
+    seqlen, lo, hi = request_range(part, req)
+    while (blk >= hi) & (req < end_req):
+        req += 1
+        seqlen, lo, hi = request_range(part, req)
+        blk = lo
+    return req, blk, blk < hi, seqlen, hi
+
+
+@gluon.jit
+def part_start(part):
+    """The cursor on the part's first page."""
+    return _seek(part, part[3], gl.load(part[0] + BEGIN_PAGE))
+
+
+@gluon.jit
+def advance(part, cursor):
+    """The cursor on the page after this one; reads metadata only when the request ends, so a step costs no
+    global-memory round trip."""
+    req, blk, ok, seqlen, hi = cursor
+    blk += 1
+    ok = blk < hi
+    if blk >= hi:
+        req, blk, ok, seqlen, hi = _seek(part, req, blk)
+    return req, blk, ok, seqlen, hi
+
+
+@gluon.jit
+def _page_of(table, cursor):
+    """The block-table entry under the cursor, read only if it is on a page: past its part's end it may point one
+    past the table's row, and a table may have no columns at all. table: (block_table_ptr, row stride)."""
+    block_table_ptr, stride_bt = table
+    req, blk, ok, _, _ = cursor
+    return gl.load(block_table_ptr + req * stride_bt + blk, mask=ok, other=0)
+
+
+@gluon.jit
+def load_cursor_start(part, table):
+    """The TMA issuer's cursor on the part's first page, and that page's block-table entry. The issuer reads each
+    entry one load ahead, so that read's latency hides behind a page of work."""
+    cursor = part_start(part)
+    return cursor, _page_of(table, cursor)
+
+
+@gluon.jit
+def load_cursor_step(part, table, cursor):
+    """The TMA issuer's cursor on the next page, with that page's block-table entry."""
+    cursor = advance(part, cursor)
+    return cursor, _page_of(table, cursor)
+
+
+@aggregate
+class Ring:
+    """The FP8 kernels' KV page ring: RING slots, each holding one page's latent [64, 512] e4m3, RoPE [64, 64] and
+    (fp8_rope_bf16) token scales [64, SCALE_COLS] fp32, with two barriers a slot: ready (TMA: the page's bytes
+    arrived) and empty (its consumers are done with it: handshakes.py)."""
+    lat: gl.shared_memory_descriptor
+    rope: gl.shared_memory_descriptor
+    scale: gl.shared_memory_descriptor
+    ready: gl.shared_memory_descriptor
+    empty: gl.shared_memory_descriptor
+
+    @triton.constexpr_function
+    def __init__(self, lat, rope, scale, ready, empty):
+        self.lat = lat
+        self.rope = rope
+        self.scale = scale
+        self.ready = ready
+        self.empty = empty
+
+    @gluon.jit
+    def wait(self, pos):
+        """Wait until ring position pos's page is in its slot."""
+        RING: gl.constexpr = self.lat.shape[0]
+        mbarrier.wait(self.ready.index(pos % RING), (pos // RING) & 1)
+
+    @gluon.jit
+    def release(self, pos):
+        """One of the slot's consumers is done with ring position pos's page."""
+        RING: gl.constexpr = self.lat.shape[0]
+        mbarrier.arrive(self.empty.index(pos % RING))
+
+    @gluon.jit
+    def load(self, descs, page, pos, KV_FORMAT: gl.constexpr):
+        """TMA cache page `page` into ring position pos's slot, once the page before it there is released.
+        descs: the cache's (latent, RoPE, scale) TMA descriptors."""
+        lat_desc, rope_desc, scale_desc = descs
+        RING: gl.constexpr = self.lat.shape[0]
+        s = pos % RING
+        mbarrier.wait(self.empty.index(s), ((pos // RING) & 1) ^ 1)
+        row = page * PAGE_SIZE
+        page_bytes: gl.constexpr = lat_desc.block_type.nbytes + rope_desc.block_type.nbytes
+        if KV_FORMAT == FP8_ROPE_BF16:
+            mbarrier.expect(self.ready.index(s), page_bytes + scale_desc.block_type.nbytes)
+            tma_load(scale_desc, [row, 0], self.ready.index(s), self.scale.index(s))
+        else:
+            mbarrier.expect(self.ready.index(s), page_bytes)
+        tma_load(lat_desc, [row, 0], self.ready.index(s), self.lat.index(s))
+        tma_load(rope_desc, [row, 0], self.ready.index(s), self.rope.index(s))
+
+    @gluon.jit
+    def fake_load(self, pos):
+        """ablations.SKIP_REFILLS: ring position pos's slot completes at once, keeping the page it held."""
+        RING: gl.constexpr = self.lat.shape[0]
+        mbarrier.wait(self.empty.index(pos % RING), ((pos // RING) & 1) ^ 1)
+        mbarrier.arrive(self.ready.index(pos % RING))

@@ -1,0 +1,196 @@
+"""The Hopper kernel for few query rows (s_q * h_q <= 32) and the FP8 cache formats.
+
+fp8.py runs a wgmma of 64 query rows whatever the call has: with 16 rows (s_q=1, h_q=16, the memory-bound case)
+three quarters of its Q.K^T, P.V and softmax work is padding. Here the products are transposed so the rows are the
+wgmma's N (16 or 32) and the 64 tokens of a page its M:
+
+  S^T [64 tokens, ROWS] = K [64, 576] . Q^T       (K from the ring as the A operand, q from shared memory as B)
+  O^T [512 dims, ROWS] += V^T [512, 64] . P^T      (V^T as transpose.py builds it, now the A operand)
+
+Everything else is fp8.py's: the schedule, the softmax and two PV warpgroups and their handshakes, the ring (three
+or four pages deep here, ring_pages: q takes 10-20 KB instead of 40), the V transposes; but the TMA loads come from
+a load warp of their own, off the softmax warpgroup's chain (the 128-register cap of a fourth warpgroup is no
+constraint with O^T at 32-64 registers). The softmax reduces over tokens, i.e. across the softmax warpgroup's four
+warps: they meet once per page, for the row maxima (and fp8_rope_bf16's largest token scale); the row sums stay per
+thread until the request's end. A bf16 q is quantized here, per row (load_q's Q_QUANTIZE).
+"""
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
+
+from ..constants import FP8, FP8_ROPE_BF16, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
+from .epilogue import pv_epilogue_t
+from .handshakes import Handoff, init_barriers
+from .layouts import HALF, LEFT, RIGHT, SCALE_COLS, VEC_SMEM, dim_bit as _d, token_bit as _t
+from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q
+from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, request_range
+from .softmax import key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page_t, token_scales
+from .transpose import transpose_next
+
+PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
+LOAD_REGS = gl.constexpr(24)   # the load warp's (setmaxnreg's least)
+RED_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # [4 warps, ROWS]
+# A page's [64 tokens, SCALE_COLS] scale tile, each token held by the threads that hold its score row in S^T
+# (wgmma accumulator: token bits 0-2 in lanes 2-4, bit 3 in a register, bits 4-5 in the warps), so the [64] scale
+# vector needs no layout conversion; the padding columns sit in registers and are never read.
+SCALE_LOAD_T = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t(3)],
+                                                       lane_bases=[[0, 0], [0, 0], _t(0), _t(1), _t(2)],
+                                                       warp_bases=[_t(4), _t(5)], block_bases=[],
+                                                       shape=[PAGE_SIZE, SCALE_COLS.value]))
+
+
+def rows_per_cta(rows: int) -> int:
+    """The kernel's N (ROWS) for a call with `rows` = s_q * h_q <= 32 query rows."""
+    return 16 if rows <= 16 else 32
+
+
+@triton.constexpr_function
+def ring_pages(rows, kv_format):
+    """KV pages in flight per CTA: 4 where they fit in shared memory (16 rows with the fp8 cache: 220 KB), else
+    3."""
+    return 4 if rows == 16 and kv_format == FP8 else 3
+
+
+@gluon.jit
+def _softmax_wg(query, shape, sched, lse_outs, scales, q_smem, ring, hand, red, red_scale,
+                KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
+    """fp8.py's softmax warpgroup on S^T, without the TMA loads (the load warp's); red, red_scale: the warps'
+    meeting buffers of page_max_t."""
+    q_ptr, stride_qb, stride_qs, stride_qh = query
+    H, S_Q, R = shape
+    descale_q_ptr, descale_k_ptr, sm_scale_log2 = scales
+    q_lat, q_rope = q_smem
+    ROWS: gl.constexpr = q_lat.shape[0]
+    RING: gl.constexpr = ring.lat.shape[0]
+    ST: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 32])
+    ST_BF16: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                      instr_shape=[16, ROWS, 16])
+    row_l: gl.constexpr = gl.SliceLayout(0, ST)   # query rows are S^T's columns
+    tok_l: gl.constexpr = gl.SliceLayout(1, ST)
+    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, row_l)
+    s_idx = rows // H
+    sm_scale_log2 = score_scale_log2(sm_scale_log2, descale_q_ptr, descale_k_ptr, KV_FORMAT, Q_FP8)
+    part = open_part(sched)
+    begin_req = part[3]
+    it = 0
+    n_req = 0
+    for req in range(begin_req, part[4] + 1):
+        seqlen, lo, hi = request_range(part, req)
+        if lo < hi:
+            q_scale = gl.convert_layout(
+                load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, descale_q_ptr,
+                       Q_AS_IS if Q_FP8 else Q_QUANTIZE), row_l)
+            limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
+            m_i = gl.full([ROWS], float("-inf"), gl.float32, row_l)
+            l_acc = gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST)
+            v_unit = gl.to_tensor(1.0)
+            state = (m_i, l_acc, v_unit)
+            prev = (gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST), gl.full([PAGE_SIZE], 1.0, gl.float32, tok_l))
+            for blk in range(lo, hi):
+                # ---- S^T = k_lat.q_lat^T * scales + k_rope.q_rope^T for this page ... ----
+                s = it % RING
+                ring.wait(it)
+                acc = warpgroup_mma(ring.lat.index(s), q_lat.permute((1, 0)),
+                                    gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST), use_acc=False, is_async=True)
+                if KV_FORMAT == FP8:
+                    acc = warpgroup_mma(ring.rope.index(s), q_rope.permute((1, 0)), acc, is_async=True)
+                else:
+                    acc_rope = warpgroup_mma(ring.rope.index(s), q_rope.permute((1, 0)),
+                                             gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST_BF16), use_acc=False,
+                                             is_async=True)
+                # ---- ... while the previous page's softmax runs ----
+                if blk > lo:
+                    state = softmax_page_t(prev, blk - 1, limits, state, it - 1, sm_scale_log2, hand, red, red_scale,
+                                           LOG2_FP8_MAX, KV_FORMAT)
+                k_scale = token_scales(ring.scale.index(s), blk, seqlen, SCALE_LOAD_T, tok_l, KV_FORMAT)
+                if KV_FORMAT == FP8:
+                    acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, ring.lat.index(s), ring.rope.index(s)])[0]
+                    if not Q_FP8:   # a scale per query row (an e4m3 q's is per tensor, in sm_scale_log2)
+                        acc = acc * q_scale[None, :]
+                else:
+                    acc, acc_rope = warpgroup_mma_wait(0, deps=[acc, acc_rope, q_lat, q_rope, ring.lat.index(s),
+                                                                ring.rope.index(s)])[:2]
+                    acc = acc * k_scale[:, None] * q_scale[None, :] + gl.convert_layout(acc_rope, ST,
+                                                                                        assert_trivial=True)
+                ring.release(it)
+                prev = (acc, k_scale)
+                it += 1
+            m_i, l_acc, v_unit = softmax_page_t(prev, hi - 1, limits, state, it - 1, sm_scale_log2, hand, red,
+                                                red_scale, LOG2_FP8_MAX, KV_FORMAT)
+            l_i = gl.sum(l_acc, axis=0)
+
+            # ---- a request's end: its O scale to the PV warpgroups; lse ----
+            softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, shape,
+                             sm_scale_log2, sched, lse_outs, hand, n_req, LOG2_FP8_MAX)
+            n_req += 1
+
+
+@gluon.jit
+def _load_wg(sched, table, descs, ring, KV_FORMAT: gl.constexpr):
+    """TMA: every page of the part into the ring, as soon as its slot is released."""
+    part = open_part(sched)
+    load_cursor, load_page = load_cursor_start(part, table)
+    loaded = 0
+    while load_cursor[2]:
+        ring.load(descs, load_page, loaded, KV_FORMAT)
+        loaded += 1
+        load_cursor, load_page = load_cursor_step(part, table, load_cursor)
+
+
+@gluon.jit
+def _pv_wg(sched, outs, R, ring, vt, hand, WG: gl.constexpr):
+    """O^T[256 WG : 256 (WG + 1), :] for every page of the part (fp8.py's _pv_wg, transposed)."""
+    ROWS: gl.constexpr = hand.p.shape[1]
+    OT: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, ROWS, 32])
+    part = open_part(sched)
+    begin_req = part[3]
+    t_cursor = transpose_next(ring, vt, 0, part, part_start(part), WG)
+    it = 0
+    n_req = 0
+    # nothing hoisted out of the request loop: with 32 rows, under the 128 registers a PV warpgroup gets, a value
+    # kept across all requests was spilled to local memory
+    for req in tl.range(begin_req, part[4] + 1, disable_licm=True):
+        seqlen, lo, hi = request_range(part, req)
+        if lo < hi:
+            o = warpgroup_mma_init(gl.zeros([HALF, ROWS], gl.float32, OT))
+            for blk in range(lo, hi):
+                pb = it % 2
+                o = warpgroup_mma_wait(0, deps=[o])
+                if blk > lo:
+                    hand.free_p(1 - pb)
+                t_cursor = transpose_next(ring, vt, it + 1, part, t_cursor, WG)
+                alpha = hand.wait_p(it, gl.SliceLayout(0, OT))
+                o = warpgroup_mma(vt.index(2 * WG + pb), hand.p.index(pb).permute((1, 0)), o * alpha[None, :],
+                                  is_async=True)
+                it += 1
+            o = warpgroup_mma_wait(0, deps=[o])
+            hand.free_p((it - 1) % 2)
+            pv_epilogue_t(o, req, begin_req, R, sched, outs, hand, n_req, WG)
+            n_req += 1
+
+
+@gluon.jit
+def mla_decode_hopper_small_kernel(
+        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
+        block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
+        out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
+        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr):
+    meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
+    q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
+        ROWS, ring_pages(ROWS, KV_FORMAT), rope_desc, KV_FORMAT)
+    red = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], RED_SMEM)    # per page parity, warp: row maxima
+    red_scale = gl.allocate_shared_memory(gl.float32, [2, 4], VEC_SMEM)    # ... and the largest token scale
+    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(k_lat.shape[0])
+    ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty)
+    hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
+    sched = (meta, seqlens_ptr, max_pages, num_splits_ptr)
+    gl.warp_specialize([
+        (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q, R), sched, (lse_ptr, lse_part_ptr),
+                       (descale_q_ptr, descale_k_ptr, sm_scale_log2), (q_lat, q_rope), ring, hand, red, red_scale,
+                       KV_FORMAT, Q_FP8, CAUSAL)),
+        (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, LEFT)),
+        (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, RIGHT)),
+        (_load_wg, (sched, (block_table_ptr, stride_bt), (lat_desc, rope_desc, scale_desc), ring, KV_FORMAT)),
+    ], [4, 4, 1], [PV_REGS_SMALL, PV_REGS_SMALL, LOAD_REGS])
