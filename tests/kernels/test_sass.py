@@ -59,6 +59,8 @@ def test_instructions_compare_programs_up_to_register_numbers():
          "                                                                   /* 0x000fe2000f8e00ff */\n"
          "        /*0020*/                   FMNMX R85, R70, R85, !PT ;      /* 0x0000005546557209 */\n")
     b = a.replace("R134", "R136").replace("R85", "R12").replace("/*0020*/", "/*0030*/").replace("867e24", "887e24")
-    assert instructions(a) == instructions(b) == "IMAD.U32 R, RZ, RZ, UR10 ;\nFMNMX R, R, R, !PT ;\n"
+    assert instructions(a) == instructions(b) == "IMAD.U32 R, RZ, RZ, UR ;\nFMNMX R, R, R, !PT ;\n"
     assert instructions(a) != instructions(a.replace("FMNMX", "FADD"))
-    assert instructions(a) != instructions(a.replace("UR10", "UR11"))
+    assert instructions(a) == instructions(a.replace("UR10", "UR11"))   # uniform registers are registers too
+    assert instructions(a) != instructions(a.replace("UR10", "URZ"))
+    assert instructions(a) != instructions(a.replace("!PT", "PT"))

@@ -188,10 +188,11 @@ def hopper_reports(ablate: int = 0) -> list[SassReport]:
 
 
 def instructions(sass: str) -> str:
-    """The SASS's instructions alone, one per line (no addresses, encodings or register numbers): two compiles
-    of a refactored kernel that print the same are the same program up to register allocation."""
+    """The SASS's instructions alone, one per line (no addresses, encodings or register numbers, uniform ones
+    included): two compiles of a refactored kernel that print the same are the same program up to register
+    allocation."""
     lines = (re.match(r"\s*/\*[0-9a-f]+\*/\s*(.*?;)", line) for line in sass.splitlines())
-    return "\n".join(re.sub(r"\bR\d+\b", "R", m.group(1)) for m in lines if m) + "\n"
+    return "\n".join(re.sub(r"\b(U?R)\d+\b", r"\1", m.group(1)) for m in lines if m) + "\n"
 
 
 if __name__ == "__main__":
