@@ -12,6 +12,7 @@ python3 -c 'import torch, triton; print(f"== torch {torch.__version__}, triton {
 fail=0
 for t in tests/kernels/test_hopper.py tests/kernels/test_gpu_matrix.py tests/test_cuda_graphs.py \
          "tests/test_no_host_sync.py tests/test_compat.py tests/test_deepseek_v3.py tests/test_api.py" \
+         "tests/test_safety.py tests/kernels/test_planner.py tests/kernels/test_combine.py" \
          tests/test_sanitizers.py; do
   echo "== $t"
   timeout 420 python3 -m pytest -q -x -p no:warnings -k "not sass" $t 2>&1 | tee -a "$OUT/gpu_tests.log" | tail -3

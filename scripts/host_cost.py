@@ -1,77 +1,137 @@
-"""Host cost of fp8mla's own Python in one eager decode call, on any machine (no GPU needed): the Hopper path with
-every kernel launch replaced by a fake compiled kernel, so what is timed is the API's checks, the buffers, the
-launch arguments and the launchers' cache keys (Triton's launcher and the driver are not):
+"""Host (CPU) cost of fp8mla's calls: µs per call of a loop of calls without a synchronisation.
 
-    PYTHONPATH=src python3 scripts/host_cost.py [--calls 500 --rounds 5]
+    PYTHONPATH=src python3 scripts/host_cost.py [--calls 500 --rounds 5]          # any machine: launches faked
+    PYTHONPATH=src python3 scripts/host_cost.py --gpu [--peers .peers] [--profile] # a GPU: real launches
 
-Prints µs per call (best of the rounds of --calls calls) for each cache format at two batch shapes.
+Faked (the default), every kernel launch is replaced by a fake compiled kernel, so what is timed is fp8mla's own
+Python: the checks, the buffers, the launch arguments and the launchers' cache keys (not Triton's launcher or the
+driver). With ``--gpu`` the launches are real: each decode path (cache format x q dtype x kernel), the metadata call,
+and with ``--peers`` FlashMLA dense FP8's call and schedule; ``--profile`` adds cProfile's top functions of one
+path. Prints µs per call, the best of the rounds.
 """
 import argparse
 import os
+import sys
+import time
 
-os.environ["TRITON_INTERPRET"] = "1"   # CPU tensors pass the API's device check (no kernel runs)
-
-import time  # noqa: E402
-
-import fp8mla  # noqa: E402
-from fp8mla import kernels  # noqa: E402
-from fp8mla.inputs import make_problem  # noqa: E402
-from fp8mla.kernels import combine, launcher, q_quant  # noqa: E402
-from fp8mla.kernels.hopper import launch  # noqa: E402
+PATHS = [("fp8", True), ("fp8", False), ("fp8_rope_bf16", False), ("bf16", False)]   # (cache format, e4m3 q)
+SHAPES = [(2, 1, 16), (2, 1, 128), (64, 2, 64)]   # b, s_q, h_q: the small-rows kernel, then the 64-row kernels
 
 
-class FakeKernel:
-    function, packed_metadata = "function", "packed"
-
-    def launch_metadata(self, grid, stream, *params):
-        return None
-
-    def run(self, *args):
-        pass
-
-
-class FakeJit:
-    """Stands for a kernel's @jit function: the first launch of a specialization 'compiles' a FakeKernel."""
-
-    def __init__(self, fn):
-        self.arg_names = fn.arg_names
-
-    def __getitem__(self, grid):
-        return lambda *args, **kwargs: FakeKernel()
+def per_call(fn, calls: int, rounds: int, sync=lambda: None) -> float:
+    """Best over rounds of µs per call of ``calls`` calls back to back."""
+    for _ in range(20):
+        fn()
+    sync()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - start) / calls * 1e6)
+        sync()
+    return best
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--calls", type=int, default=500, help="calls per round")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds (the best is printed)")
-    args = parser.parse_args()
+def fake_launches():
+    """Every kernel launch replaced by a fake compiled kernel (on any machine, CPU tensors)."""
+    from fp8mla import kernels
+    from fp8mla.kernels import combine, launcher, planner, q_quant
+    from fp8mla.kernels.hopper import launch
+
+    class FakeKernel:
+        function, packed_metadata = "function", "packed"
+
+        def launch_metadata(self, grid, stream, *params):
+            return None
+
+        def run(self, *args):
+            pass
+
+    class FakeJit:
+        def __init__(self, fn):
+            self.arg_names = fn.arg_names
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: FakeKernel()
+
     launcher._interpreting = lambda: False
     launcher._current_device = lambda: 0
     launcher._current_stream = lambda device: 0
     launcher._current_arch = lambda: 90
     kernels.hopper_unavailable = lambda device: None
-    for launch_ in (launch._launch_fp8, launch._launch_small, launch._launch_bf16, combine._launch, q_quant._launch):
+    for launch_ in (launch._launch_fp8, launch._launch_small, launch._launch_bf16, combine._launch, q_quant._launch,
+                    planner._launch):
         launch_.fn = FakeJit(launch_.fn)
-    for b, s_q, h_q in [(2, 1, 16), (64, 2, 64)]:
-        p = make_problem(b, s_q, h_q, [512] * b, seed=0)
-        meta, splits = fp8mla.get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
-        for kv_format, q_fp8 in [("fp8", True), ("fp8_rope_bf16", False), ("bf16", False)]:
-            x = p.quantized(kv_format, q_fp8)
 
-            def call():
-                fp8mla.flash_mla_with_kvcache(x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, meta,
-                                              splits, causal=True, descale_q=x["descale_q"], descale_k=x["descale_k"],
-                                              backend="hopper", validate=False)
-            for _ in range(50):
-                call()
-            rounds = []
-            for _ in range(args.rounds):
-                t0 = time.perf_counter()
-                for _ in range(args.calls):
-                    call()
-                rounds.append((time.perf_counter() - t0) / args.calls * 1e6)
-            print(f"b={b} s_q={s_q} h_q={h_q} {kv_format:14s} {min(rounds):6.1f} us a call (launches faked)",
-                  flush=True)
+
+def decode_calls(device, b, s_q, h_q):
+    """{path label: a no-argument decode call} for a problem of 512 tokens a request."""
+    import fp8mla
+    from fp8mla.inputs import make_problem
+
+    p = make_problem(b, s_q, h_q, [512] * b, device=device, seed=0)
+    meta, splits = fp8mla.get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
+    calls = {}
+    for kv_format, q_fp8 in PATHS:
+        x = p.quantized(kv_format, q_fp8)
+        calls[f"{kv_format}{', e4m3 q' if q_fp8 else ''}"] = (
+            lambda x=x, kv_format=kv_format: fp8mla.flash_mla_with_kvcache(
+                x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, meta, splits, causal=True,
+                descale_q=x["descale_q"], descale_k=x["descale_k"], kv_format=kv_format))
+    calls["metadata"] = lambda: fp8mla.get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
+    return p, calls
+
+
+def peer_calls(peers_dir, p):
+    """FlashMLA dense FP8's decode and schedule on the same problem (the bench's peer)."""
+    import torch
+
+    from fp8mla.bench.peers import load_peers
+    from fp8mla.bench.run import SOFTMAX_SCALE
+
+    peer = next(q for q in load_peers(peers_dir, fa3=False) if q.name == "FlashMLA dense FP8")
+    if peer.prepare is None:
+        print(f"FlashMLA dense FP8: {peer.error}", file=sys.stderr)
+        return {}
+    b, s_q, h_q = p.shape
+    ops = torch.ops._flashmla_extension_C
+    return {"FlashMLA dense FP8": peer.prepare(p, True, SOFTMAX_SCALE, p.quantized),
+            "FlashMLA metadata": lambda: ops.get_mla_decoding_metadata_dense_fp8(p.cache_seqlens, s_q * h_q, 1)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--calls", type=int, default=500, help="calls per round")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds (the best is printed)")
+    parser.add_argument("--gpu", action="store_true", help="real launches on the GPU")
+    parser.add_argument("--peers", help="(with --gpu) folder with FlashMLA's binaries, to time its call too")
+    parser.add_argument("--profile", action="store_true", help="(with --gpu) cProfile of the fp8_rope_bf16 path")
+    args = parser.parse_args()
+    if args.gpu:
+        import torch
+        device, sync = torch.device("cuda"), torch.cuda.synchronize
+    else:
+        os.environ["TRITON_INTERPRET"] = "1"   # CPU tensors pass the API's device check (no kernel runs)
+        fake_launches()
+        import torch
+        device, sync = torch.device("cpu"), lambda: None
+    print(f"| b s_q h_q | call | host µs/call{'' if args.gpu else ' (launches faked)'} |\n|---|---|---|")
+    for b, s_q, h_q in SHAPES:
+        p, calls = decode_calls(device, b, s_q, h_q)
+        if args.gpu and args.peers:
+            calls.update(peer_calls(args.peers, p))
+        for name, call in calls.items():
+            print(f"| {b} {s_q} {h_q} | {name} | {per_call(call, args.calls, args.rounds, sync):.1f} |", flush=True)
+        if args.profile and (b, s_q, h_q) == SHAPES[-1]:
+            import cProfile
+            import pstats
+            call = calls["fp8_rope_bf16"]
+            profile = cProfile.Profile()
+            profile.runcall(lambda: [call() for _ in range(args.calls)])
+            sync()
+            pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 
 
 if __name__ == "__main__":

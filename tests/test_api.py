@@ -7,8 +7,8 @@ from fp8mla.inputs import make_problem
 
 
 @pytest.fixture
-def call():
-    p = make_problem(2, 1, 16, [100, 70])
+def call(device):
+    p = make_problem(2, 1, 16, [100, 70], device=device)
     meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
     base = dict(q=p.q, k_cache=p.kv, block_table=p.block_table, cache_seqlens=p.cache_seqlens, head_dim_v=512,
                 tile_scheduler_metadata=meta, num_splits=splits)
@@ -39,10 +39,7 @@ def test_valid_call_runs(call):
      ValueError, "contiguous"),
     (lambda b: dict(block_table=b["block_table"].long()), TypeError, "block_table must be"),
     (lambda b: dict(block_table=b["block_table"][:1]), ValueError, "batch size"),
-    (lambda b: dict(block_table=b["block_table"][:, :1]), ValueError, "block_table has 1 pages"),
-    (lambda b: dict(block_table=b["block_table"] + 1000), ValueError, "outside the cache"),
     (lambda b: dict(cache_seqlens=b["cache_seqlens"].long()), TypeError, "cache_seqlens must be"),
-    (lambda b: dict(cache_seqlens=-b["cache_seqlens"]), ValueError, ">= 0"),
     (lambda b: dict(num_splits=b["num_splits"][:-1]), ValueError, "num_splits must be"),
     (lambda b: dict(tile_scheduler_metadata=b["tile_scheduler_metadata"][:, :4]), ValueError, "num_parts, 8"),
     (lambda b: dict(descale_k=torch.ones(1)), ValueError, "only for the 'fp8' format"),
@@ -58,6 +55,27 @@ def test_valid_call_runs(call):
 def test_bad_inputs_raise_before_launch(call, change, error, match):
     with pytest.raises(error, match=match):
         call(**change(call.base))
+
+
+@pytest.mark.parametrize("change,match", [
+    (lambda b: dict(block_table=b["block_table"][:, :1]), "block_table has 1 pages"),
+    (lambda b: dict(block_table=b["block_table"] + 1000), "outside the cache"),
+    (lambda b: dict(cache_seqlens=-b["cache_seqlens"]), ">= 0"),
+    (lambda b: dict(cache_seqlens=torch.ones_like(b["cache_seqlens"])), "planned for other cache_seqlens"),
+])
+def test_validate_names_bad_data(call, change, match):
+    """The opt-in data check names what is wrong (without it the kernels NaN-mark the requests: test_safety.py)."""
+    with pytest.raises(ValueError, match=match):
+        call(**change(call.base), validate=True)
+
+
+def test_metadata_rejects_what_the_call_rejects():
+    with pytest.raises(TypeError, match="cache_seqlens must be"):
+        get_mla_metadata(torch.ones(2, dtype=torch.int64), 16, 1)
+    with pytest.raises(ValueError, match="one KV head"):
+        get_mla_metadata(torch.ones(2, dtype=torch.int32), 16, 2)
+    with pytest.raises(ValueError, match=">= 1"):
+        get_mla_metadata(torch.ones(2, dtype=torch.int32), 0, 1)
 
 
 def test_fp8_cache_needs_scales(call):
@@ -76,28 +94,31 @@ def test_fp8_cache_needs_scales(call):
 def test_cpu_tensors_need_the_interpreter(call, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="CUDA device"):
-        call()
+        call(**{name: t.cpu() for name, t in call.base.items() if isinstance(t, torch.Tensor)})
 
 
-def test_empty_batch(call):
-    p = make_problem(0, 1, 16, [])
+def test_empty_batch(call, device):
+    p = make_problem(0, 1, 16, [], device=device)
     meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
     out, lse = flash_mla_with_kvcache(p.q, p.kv, p.block_table, p.cache_seqlens, 512, meta, splits)
     assert out.shape == (0, 1, 16, 512) and lse.shape == (0, 16, 1)
 
 
-def test_all_requests_empty_with_a_table_of_no_columns(call):
+def test_all_requests_empty_with_a_table_of_no_columns(call, device):
     """Every request empty and block_table [b, 0]: zeros and lse +inf, no read of the table; a request that
-    needs a page gets a clear error."""
-    q = torch.randn(2, 1, 16, 576, dtype=torch.bfloat16)
-    block_table = torch.zeros(2, 0, dtype=torch.int32)
-    empty = torch.zeros(2, dtype=torch.int32)
+    needs a page gets NaN, and with validate=True a clear error."""
+    q = torch.randn(2, 1, 16, 576, dtype=torch.bfloat16, device=device)
+    block_table = torch.zeros(2, 0, dtype=torch.int32, device=device)
+    empty = torch.zeros(2, dtype=torch.int32, device=device)
     out, lse = flash_mla_with_kvcache(q, call.base["k_cache"], block_table, empty, 512,
                                       *get_mla_metadata(empty, 16, 1))
     assert torch.equal(out, torch.zeros_like(out)) and torch.isinf(lse).all() and (lse > 0).all()
-    one = torch.tensor([0, 5], dtype=torch.int32)
+    one = torch.tensor([0, 5], dtype=torch.int32, device=device)
+    out, lse = flash_mla_with_kvcache(q, call.base["k_cache"], block_table, one, 512, *get_mla_metadata(one, 16, 1))
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and out[1].isnan().all() and lse[1].isnan().all()
     with pytest.raises(ValueError, match="0 pages per request but a seqlen needs 1"):
-        flash_mla_with_kvcache(q, call.base["k_cache"], block_table, one, 512, *get_mla_metadata(one, 16, 1))
+        flash_mla_with_kvcache(q, call.base["k_cache"], block_table, one, 512, *get_mla_metadata(one, 16, 1),
+                               validate=True)
 
 
 @pytest.mark.hopper

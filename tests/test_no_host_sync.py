@@ -113,12 +113,16 @@ def test_serving_step_has_no_host_sync(kv_format, device):
         meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
         write_kv_cache(new[:, :512], new[:, 512:], cache, slots, kv_format, descale_k)
         out, lse = flash_mla_with_kvcache(p.q, cache, p.block_table, p.cache_seqlens, 512, meta, splits,
-                                          descale_k=descale_k, kv_format=kv_format, validate=False)
+                                          descale_k=descale_k, kv_format=kv_format)   # the default call
+        schedule, _ = get_mla_metadata()   # FlashMLA's current convention: planned by the first call
+        out2, lse2 = flash_mla_with_kvcache(p.q, cache, p.block_table, p.cache_seqlens, 512, schedule, None,
+                                            descale_k=descale_k, kv_format=kv_format)
     assert torch.equal(cache.view(torch.uint8), expected.view(torch.uint8))
     ref, ref_lse = flash_mla_with_kvcache(p.q, expected, p.block_table, p.cache_seqlens, 512,
                                           *get_mla_metadata(p.cache_seqlens, 16, 1), descale_k=descale_k,
                                           kv_format=kv_format)
     assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    assert torch.equal(out2, ref) and torch.equal(lse2, ref_lse)
 
 
 def test_compat_step_has_no_host_sync(device):

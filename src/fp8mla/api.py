@@ -6,36 +6,52 @@ import torch
 
 from . import checks
 from .formats import D_LATENT, D_ROPE
-from .schedule import plan
+from .runtime import interpreter_active
+from .schedule import MLASchedule, cut, plan
 
 
-def get_mla_metadata(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_heads_k: int,
-                     num_parts: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per_head_k: int | None = None,
+                     num_heads_k: int | None = None, num_parts: int | None = None):
     """``(tile_scheduler_metadata [num_parts, 8] int32, num_splits [b + 1] int32)`` for one decode step.
 
     ``num_q_tokens_per_head_k`` is ``s_q * h_q // h_kv`` (the query rows that share one KV head) and
     ``num_heads_k`` must be 1 (MLA has one latent KV head). Build it once per step and reuse it for every
-    layer, as with FlashMLA. ``num_parts`` (default: one per SM and row block) fixes the number of parts and
-    turns off the aligned cut of equal-length batches (:mod:`fp8mla.schedule`).
+    layer, as with FlashMLA: one kernel launch, no host synchronisation (CUDA-graph safe). ``num_parts`` (default:
+    one per SM and row block) fixes the number of parts and turns off the choice of pieces
+    (:mod:`fp8mla.schedule`). A negative seqlen plans no pages, and the decode marks that request NaN.
+
+    ``get_mla_metadata()`` with no arguments is FlashMLA's current convention: ``(MLASchedule(), None)``, a
+    schedule the first decode call plans for its batch (:class:`fp8mla.schedule.MLASchedule`).
     """
-    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:
-        raise ValueError("cache_seqlens must be a 1-D tensor [batch]")
-    if cache_seqlens.dtype not in (torch.int32, torch.int64):
-        raise TypeError(f"cache_seqlens must be int32, got {cache_seqlens.dtype}")
-    if num_heads_k != 1:
-        raise ValueError(f"MLA decode has one KV head, got num_heads_k={num_heads_k}")
-    if num_q_tokens_per_head_k < 1:
-        raise ValueError(f"num_q_tokens_per_head_k must be >= 1, got {num_q_tokens_per_head_k}")
-    return plan(cache_seqlens, num_q_tokens_per_head_k, num_parts)
+    if cache_seqlens is None:
+        return MLASchedule(), None
+    checks.check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
+    b = cache_seqlens.shape[0]
+    if b == 0 or (cache_seqlens.device.type == "cpu" and not interpreter_active()):
+        return plan(cache_seqlens, num_q_tokens_per_head_k, num_parts)   # (the same schedule, in torch ops)
+    from .kernels.planner import launch_plan
+
+    return launch_plan(cache_seqlens, cut(b, num_q_tokens_per_head_k, cache_seqlens.device, num_parts))
+
+
+def _planned(call: checks.DecodeCall) -> checks.DecodeCall:
+    """The call with its MLASchedule planned (kept while the batch's configuration holds)."""
+    schedule = call.meta
+    config = (call.q.shape[0], call.rows, call.q.device)
+    if schedule.config != config:
+        schedule.tile_scheduler_metadata, schedule.num_splits = get_mla_metadata(call.cache_seqlens, call.rows, 1)
+        schedule.config = config
+    return call._replace(meta=schedule.tile_scheduler_metadata, num_splits=schedule.num_splits)
 
 
 def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
-                           cache_seqlens: torch.Tensor, head_dim_v: int, tile_scheduler_metadata: torch.Tensor,
-                           num_splits: torch.Tensor, softmax_scale: float | None = None, causal: bool = False,
+                           cache_seqlens: torch.Tensor, head_dim_v: int,
+                           tile_scheduler_metadata: torch.Tensor | MLASchedule, num_splits: torch.Tensor | None = None,
+                           softmax_scale: float | None = None, causal: bool = False,
                            descale_q: torch.Tensor | None = None, descale_k: torch.Tensor | None = None,
                            kv_format: str | None = None, *, out: torch.Tensor | None = None,
                            lse: torch.Tensor | None = None, backend: str | None = None,
-                           validate: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                           validate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """MLA decode over a paged cache: ``(out [b, s_q, h_q, 512] bf16, lse [b, h_q, s_q] fp32)``.
 
     Drop-in for FlashMLA's ``flash_mla_with_kvcache`` (bf16) and vLLM's dense-FP8 FlashMLA call (e4m3 ``q``
@@ -47,12 +63,16 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     k_cache: ``[num_pages, 64, 1, row]`` in one of the formats of :mod:`fp8mla.formats`; ``kv_format`` names it,
         or it is inferred from dtype and row width.
     block_table: ``[b, max_pages]`` int32 page indices; cache_seqlens: ``[b]`` int32.
-    tile_scheduler_metadata, num_splits: from :func:`get_mla_metadata` (computed once per step, shared by layers).
+    tile_scheduler_metadata, num_splits: from :func:`get_mla_metadata` (computed once per step, shared by layers),
+        or an MLASchedule from ``get_mla_metadata()`` and None.
     causal: for ``s_q > 1`` query token i sees keys ``[0, seqlen - (s_q - 1 - i))`` (bottom-right aligned).
     out, lse: optional preallocated outputs (e.g. for CUDA graphs).
     backend: ``"hopper"`` (Gluon, sm_90a), ``"portable"`` (plain Triton), or None for the fastest available.
-    validate: also check the block table against ``cache_seqlens`` (reads them back to the host; skipped during
-        CUDA-graph capture; pass False on a hot path that is not captured).
+    validate: also check the data (seqlens, block table, schedule) on the host, naming what is wrong: for debugging,
+        as it reads them back (a synchronisation; skipped during CUDA-graph capture). Without it the kernels guard
+        the data themselves: a request whose seqlen is negative or beyond the block table, whose block-table
+        entries leave the cache, or which the schedule was not planned for gets NaN in its out and lse, and
+        nothing is read outside its tensors.
     A request with seqlen 0 (or a query row that sees no key) gets out 0 and lse +inf.
     """
     from . import kernels
@@ -62,6 +82,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     decoder = kernels.select(backend, q.device, call.kv_format, call.rows)
     if q.shape[0] == 0:
         return call.out, call.lse
+    if call.num_splits is None:
+        call = _planned(call)
     if validate and not (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         checks.check_indices(call)
     kernels.launch_decode(decoder, call)
@@ -73,7 +95,8 @@ def write_kv_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, k_cache: torch.Tensor
     """Append tokens to a paged cache in place (vLLM's ``concat_and_cache_mla``).
 
     ``kv_c [T, 512]`` latent and ``k_pe [T, 64]`` RoPE vectors (any float dtype) go to the cache rows
-    ``slot_mapping [T]`` (slot = page * 64 + offset; negative slots are skipped, as for padded tokens).
+    ``slot_mapping [T]`` (slot = page * 64 + offset; negative slots are skipped, as for padded tokens, and so are
+    slots past the cache's end: nothing is written outside it).
     ``"fp8"`` needs the cache's per-tensor ``descale_k``; ``"fp8_rope_bf16"`` computes each token's scale.
     Runs as one kernel with no host synchronisation, so it can be captured in a CUDA graph.
     """

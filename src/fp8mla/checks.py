@@ -14,7 +14,7 @@ import torch
 
 from .formats import D_LATENT, D_QK, FP8_DTYPE, PAGE_SIZE, infer_kv_format
 from .runtime import interpreter_active
-from .schedule import METADATA_WIDTH
+from .schedule import BEGIN_REQ, BEGIN_REQ_PAGES, END_REQ, END_REQ_PAGES, METADATA_WIDTH, MLASchedule
 
 
 class DecodeCall(NamedTuple):
@@ -23,8 +23,8 @@ class DecodeCall(NamedTuple):
     kv_format: str
     block_table: torch.Tensor   # [b, max_pages] int32
     cache_seqlens: torch.Tensor  # [b] int32
-    meta: torch.Tensor          # [num_parts, METADATA_WIDTH] int32
-    num_splits: torch.Tensor    # [b + 1] int32
+    meta: torch.Tensor | MLASchedule   # [num_parts, METADATA_WIDTH] int32, or a schedule still to be planned
+    num_splits: torch.Tensor | None    # [b + 1] int32 (None with an MLASchedule)
     out: torch.Tensor           # [b, s_q, h_q, 512] bf16
     lse: torch.Tensor           # [b, h_q, s_q] fp32
     descale_q: torch.Tensor | None
@@ -97,17 +97,23 @@ def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_s
                          f"must have q's batch size {b}")
     if block_table.stride(1) != 1:
         raise ValueError("block_table's last dimension must be contiguous")
-    check_tensor("tile_scheduler_metadata", meta, (torch.int32,), dim=2)
-    if meta.shape[1] != METADATA_WIDTH or not meta.is_contiguous():
-        raise ValueError(f"tile_scheduler_metadata must be a contiguous [num_parts, {METADATA_WIDTH}] tensor from "
-                         "get_mla_metadata")
-    check_tensor("num_splits", num_splits, (torch.int32,), dim=1)
-    if num_splits.shape[0] != b + 1:
-        raise ValueError(f"num_splits must be [{b + 1}] (from get_mla_metadata for this batch), "
-                         f"got {list(num_splits.shape)}")
+    if isinstance(meta, MLASchedule):   # planned at launch (api.py)
+        if num_splits is not None:
+            raise ValueError("with a schedule from get_mla_metadata(), num_splits must be None")
+        schedule = ()
+    else:
+        check_tensor("tile_scheduler_metadata", meta, (torch.int32,), dim=2)
+        if meta.shape[1] != METADATA_WIDTH or not meta.is_contiguous():
+            raise ValueError(f"tile_scheduler_metadata must be a contiguous [num_parts, {METADATA_WIDTH}] tensor "
+                             "from get_mla_metadata")
+        check_tensor("num_splits", num_splits, (torch.int32,), dim=1)
+        if num_splits.shape[0] != b + 1:
+            raise ValueError(f"num_splits must be [{b + 1}] (from get_mla_metadata for this batch), "
+                             f"got {list(num_splits.shape)}")
+        schedule = (("tile_scheduler_metadata", meta), ("num_splits", num_splits))
     device = q.device
     for name, t in (("k_cache", k_cache), ("block_table", block_table), ("cache_seqlens", cache_seqlens),
-                    ("tile_scheduler_metadata", meta), ("num_splits", num_splits)):
+                    *schedule):
         if t.device != device:
             raise ValueError(f"{name} is on {t.device}, q on {device}")
     check_device(device)
@@ -149,8 +155,21 @@ def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_s
                       descale_k, softmax_scale, bool(causal))
 
 
+def check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k) -> None:
+    """get_mla_metadata's arguments: what the decode call would reject is rejected here too."""
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:
+        raise ValueError("cache_seqlens must be a 1-D tensor [batch]")
+    check_seqlens(cache_seqlens)
+    check_device(cache_seqlens.device)
+    if num_heads_k != 1:
+        raise ValueError(f"MLA decode has one KV head, got num_heads_k={num_heads_k}")
+    if num_q_tokens_per_head_k < 1:
+        raise ValueError(f"num_q_tokens_per_head_k must be >= 1, got {num_q_tokens_per_head_k}")
+
+
 def check_indices(call: DecodeCall) -> None:
-    """The opt-in data check (one host read-back): seqlens are >= 0 and fit the block table, used pages exist."""
+    """The opt-in data check (one host read-back): seqlens are >= 0 and fit the block table, used pages exist, and
+    the schedule was planned for these seqlens."""
     block_table, cache_seqlens, num_pages = call.block_table, call.cache_seqlens, call.k_cache.shape[0]
     max_pages = block_table.shape[1]
     pages = (cache_seqlens.long() + PAGE_SIZE - 1) // PAGE_SIZE
@@ -167,3 +186,19 @@ def check_indices(call: DecodeCall) -> None:
                          f"(pages of {PAGE_SIZE} tokens)")
     if lo < 0 or hi >= num_pages:
         raise ValueError(f"block_table refers to page {lo if lo < 0 else hi}, outside the cache's {num_pages} pages")
+    if not isinstance(call.meta, MLASchedule) and not planned_for(call.meta, call.num_splits, pages):
+        raise ValueError("tile_scheduler_metadata and num_splits were planned for other cache_seqlens: call "
+                         "get_mla_metadata again for this step's seqlens")
+
+
+def planned_for(meta: torch.Tensor, num_splits: torch.Tensor, pages: torch.Tensor) -> bool:
+    """Whether a schedule was planned for requests of ``pages`` pages, as the kernels check it (one read-back):
+    each part's first and last requests have the page counts it records, and a request has splits iff it has
+    pages."""
+    b = pages.shape[0]
+    used = meta[:, END_REQ] >= meta[:, BEGIN_REQ]
+    first = meta[:, BEGIN_REQ].long().clamp(0, max(b - 1, 0))
+    last = meta[:, END_REQ].long().clamp(0, max(b - 1, 0))
+    wrong = used & ((pages[first] != meta[:, BEGIN_REQ_PAGES]) | (pages[last] != meta[:, END_REQ_PAGES]))
+    splits = num_splits[1:] - num_splits[:-1]
+    return not bool(wrong.any() | ((splits > 0) != (pages > 0)).any())

@@ -15,21 +15,27 @@ formats, ~1% with bf16; b=64 with 128 rows already gets a request per part). Sma
 fewer pieces still where that saves the combine a step (``_pieces_per_request``; b=1-4: up to 1.29x faster), and
 so do small batches of different lengths (at most half as many requests as parts; ``_pieces_for_steps``: the
 request cut into the most pieces sets the combine's steps).
-``plan`` computes it with tensor ops on the device of ``cache_seqlens``, with static output shapes and no host
-synchronisation.
+What does not depend on the seqlens' values (the number of parts, which of the cuts above apply, the combine's
+step) is decided on the host (``cut``); the rest on the device: by one kernel launch (kernels/planner.py), or by
+``plan``, the same schedule in torch ops, which the tests take as the kernel's reference.
 
 ``tile_scheduler_metadata`` is ``[num_parts, METADATA_WIDTH]`` int32; part ``p`` covers, in order, the pages
 
     (begin_req, begin_page) .. (end_req, end_page)      end_page exclusive, within end_req
 
 and its first request's partial result is split number ``begin_split`` of that request (the following requests
-of a part start with split 0). A part with ``begin_req > end_req`` is empty. ``num_splits`` is ``[b + 1]``
-int32 prefix sums: request i's partial results live at rows ``num_splits[i] .. num_splits[i + 1]`` of the
-split buffers; a request with a single split writes the output directly and needs no combine.
+of a part start with split 0). A part with ``begin_req > end_req`` is empty. The part also records the page count
+its first and last requests were planned with (``begin_req_pages``, ``end_req_pages``): a decode whose seqlens
+give those requests other counts marks them NaN (a stale schedule), as the requests in between are covered
+whatever their length. ``num_splits`` is ``[b + 1]`` int32 prefix sums: request i's partial results live at rows
+``num_splits[i] .. num_splits[i + 1]`` of the split buffers; a request with a single split writes the output
+directly and needs no combine, one with none (seqlen 0) gets its zeros from the combine. A negative seqlen counts
+as no pages (the decode marks it NaN).
 """
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 
@@ -37,7 +43,7 @@ from .formats import D_LATENT, PAGE_SIZE
 from . import runtime
 
 METADATA_WIDTH = 8
-BEGIN_REQ, BEGIN_PAGE, END_REQ, END_PAGE, BEGIN_SPLIT = range(5)
+BEGIN_REQ, BEGIN_PAGE, END_REQ, END_PAGE, BEGIN_SPLIT, BEGIN_REQ_PAGES, END_REQ_PAGES = range(7)
 FIXED_COST = 2        # a split's overhead, in pages
 COMBINE_ROWS_PER_PAGE = 16  # query rows whose partial results the combine step merges in about a page's time
 COMBINE_STEP_PAGES = 2  # one more step of the combine costs about as much as two pages more per piece
@@ -51,10 +57,13 @@ MIN_COMBINE_DIMS = 64    # the narrowest slice of the 512 columns a program merg
 STEP_ELEMENTS = 16384    # at most this many partial-O elements a program loads per step (128 per thread)
 
 
-def num_sm_parts(device: torch.device, num_q_tokens_per_head_k: int, num_heads_k: int = 1) -> int:
-    """How many parts the schedule has: one per SM, shared by the row blocks of every KV head."""
-    row_blocks = -(-num_q_tokens_per_head_k // ROWS_PER_BLOCK)
-    return max(runtime.sm_count(torch.device(device)) // (num_heads_k * row_blocks), 1)
+def _sm_parts(sms: int, rows: int) -> int:
+    return max(sms // -(-rows // ROWS_PER_BLOCK), 1)
+
+
+def num_sm_parts(device: torch.device, num_q_tokens_per_head_k: int) -> int:
+    """How many parts the schedule has by default: one per SM, shared by the request's row blocks."""
+    return _sm_parts(runtime.sm_count(torch.device(device)), num_q_tokens_per_head_k)
 
 
 def _next_power_of_2(n: int) -> int:
@@ -90,32 +99,63 @@ def step_splits(b: int, rows: int, parts: int, sms: int) -> int:
     return combine_plan(b, rows, parts, sms)[2]["STEP_SPLITS"]
 
 
+class MLASchedule:
+    """FlashMLA's current calling convention: ``get_mla_metadata()`` with no arguments returns an empty schedule;
+    the first decode call it is passed to plans it for that call's batch (one launch), and later calls reuse it
+    while the batch's configuration (requests, query rows a request, device) holds; a call with another plans it
+    anew. Make one per decode step and pass it to every layer's call, with ``num_splits=None``."""
+    __slots__ = ("config", "tile_scheduler_metadata", "num_splits")
+
+    def __init__(self):
+        self.config = None
+        self.tile_scheduler_metadata = self.num_splits = None
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The host's share of a step's schedule: what does not depend on the seqlens' values."""
+    parts: int
+    steps: bool      # few requests of different lengths: as many pieces as fit the combine's steps best
+    align: bool      # if the requests are of one length: each in the same number of equal pieces (at most `most`)
+    most: int        # parts // b
+    step: int        # pieces one step of the combine merges
+    combine: int     # what merging split partial results costs, in pages (the whole-request alternative's bar)
+
+
+@functools.lru_cache(maxsize=1024)   # once per batch shape: this is on every step's host path
+def _cut(b: int, rows: int, sms: int, num_parts: int | None) -> Cut:
+    parts = num_parts or _sm_parts(sms, rows)
+    choose = num_parts is None and b > 0
+    align = choose and parts * (1 - ALIGN_SLACK) <= b * (parts // b)
+    steps = choose and 1 < b and 2 * b <= parts
+    step = step_splits(b, rows, parts, sms) if align or steps else 2
+    return Cut(parts, steps, align, parts // b if b else 0, step, -(-rows // COMBINE_ROWS_PER_PAGE))
+
+
+def cut(b: int, rows: int, device: torch.device, num_parts: int | None = None) -> Cut:
+    """The cut for ``b`` requests of ``rows`` query rows on ``device``; ``num_parts`` (default: one per SM and row
+    block) fixes the number of parts and turns off the choice of pieces (module docstring)."""
+    return _cut(b, rows, runtime.sm_count(device), num_parts)
+
+
 def plan(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_parts: int | None = None
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tile_scheduler_metadata [num_parts, 8] int32, num_splits [b + 1] int32)`` for one decode step, computed
-    with torch ops on ``cache_seqlens``'s device (its inputs checked by the caller). ``num_parts`` (default: one
-    per SM and row block) fixes the number of parts and turns off the aligned cut of equal-length batches (module
-    docstring)."""
+    with torch ops on ``cache_seqlens``'s device (its inputs checked by the caller): the reference of the planner
+    kernel (kernels/planner.py)."""
     device = cache_seqlens.device
-    parts = num_parts or num_sm_parts(device, num_q_tokens_per_head_k)
-    if len(cache_seqlens) == 0:
-        meta = torch.zeros(parts, METADATA_WIDTH, dtype=torch.int32, device=device)
+    b = len(cache_seqlens)
+    c = cut(b, num_q_tokens_per_head_k, device, num_parts)
+    if b == 0:
+        meta = torch.zeros(c.parts, METADATA_WIDTH, dtype=torch.int32, device=device)
         meta[:, END_REQ] = -1
         return meta, torch.zeros(1, dtype=torch.int32, device=device)
 
-    pages = (cache_seqlens.to(torch.int64) + PAGE_SIZE - 1) // PAGE_SIZE
-    pieces = parts   # how many parts the timeline is cut into; the others stay empty
-    b = len(pages)
-    if num_parts is None and (parts * (1 - ALIGN_SLACK) <= b * (parts // b) or 2 * b <= parts):
-        step = step_splits(b, num_q_tokens_per_head_k, parts, runtime.sm_count(device))
-        # few requests of different lengths: as many pieces as fit the combine's steps best (one request is of
-        # one length: the cut below)
-        pieces = _pieces_for_steps(pages, parts, step) if 1 < b and 2 * b <= parts else parts
-        if parts * (1 - ALIGN_SLACK) <= b * (parts // b):
-            # requests of one length: each in the same number of equal pieces, the last few parts left empty
-            pieces = torch.where((pages == pages[0]).all(), b * _pieces_per_request(pages[0], parts // b, step),
-                                 pieces)
-    meta, num_splits = _schedule(pages, parts, pieces, num_q_tokens_per_head_k)
+    pages = (cache_seqlens.to(torch.int64).clamp(min=0) + PAGE_SIZE - 1) // PAGE_SIZE
+    pieces = _pieces_for_steps(pages, c.parts, c.step) if c.steps else c.parts   # the other parts stay empty
+    if c.align:
+        pieces = torch.where((pages == pages[0]).all(), b * _pieces_per_request(pages[0], c.most, c.step), pieces)
+    meta, num_splits = _schedule(pages, c.parts, pieces, c.combine)
     return meta.to(torch.int32), num_splits.to(torch.int32)
 
 
@@ -150,8 +190,7 @@ def _pieces_for_steps(pages: torch.Tensor, parts: int, step: int) -> torch.Tenso
     return parts - torch.where(n[:, 0] <= total, t, t.max() + 1).argmin()   # (not n[...]: a 0-d index is read back)
 
 
-def _schedule(pages: torch.Tensor, parts: int, pieces, num_q_tokens_per_head_k: int
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+def _schedule(pages: torch.Tensor, parts: int, pieces, combine: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The timeline cut into ``pieces`` (an int or a 0-d tensor, <= parts) equal pieces, or, when that is not
     cheaper, one request per part: (metadata [parts, METADATA_WIDTH], num_splits [b + 1]), int64."""
     i64 = dict(dtype=torch.int64, device=pages.device)
@@ -190,6 +229,8 @@ def _schedule(pages: torch.Tensor, parts: int, pieces, num_q_tokens_per_head_k: 
     meta[:, END_REQ] = torch.where(empty, -1, last_req)
     meta[:, END_PAGE] = torch.where(empty, 0, end_page)
     meta[:, BEGIN_SPLIT] = torch.where(empty, 0, begin_split)
+    meta[:, BEGIN_REQ_PAGES] = torch.where(empty, 0, pages[begin_req.clamp(max=len(pages) - 1)])
+    meta[:, END_REQ_PAGES] = torch.where(empty, 0, pages[last_req])
 
     if len(pages) <= parts:  # the alternative: request i alone in part i, nothing split (chosen on the device)
         whole = torch.zeros(parts, METADATA_WIDTH, **i64)
@@ -200,10 +241,10 @@ def _schedule(pages: torch.Tensor, parts: int, pieces, num_q_tokens_per_head_k: 
         whole[:, BEGIN_REQ] = torch.where(used, req, len(pages))
         whole[:, END_REQ] = torch.where(used, req, -1)
         whole[:, END_PAGE] = torch.where(used, own_pages, 0)
+        whole[:, BEGIN_REQ_PAGES] = whole[:, END_REQ_PAGES] = whole[:, END_PAGE]
         whole_splits = torch.zeros_like(num_splits)
         whole_splits[1:] = torch.cumsum((pages > 0).to(torch.int64), 0)
         any_split = (splits > 1).any()
-        combine = -(-num_q_tokens_per_head_k // COMBINE_ROWS_PER_PAGE)
         pieces_cost = -(-total // pieces) + torch.where(any_split, combine, 0)
         take_whole = cost.max() <= pieces_cost
         meta = torch.where(take_whole, whole, meta)

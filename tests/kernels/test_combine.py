@@ -22,7 +22,8 @@ def test_combine_merges_by_lse(splits, sms, part_dtype, device, monkeypatch):
     lse_part[0, :5] = -math.inf          # a split in which some rows saw no key
     out = torch.full((b, s_q, h_q, 512), 7.0, dtype=torch.bfloat16, device=device)
     lse = torch.full((b, h_q, s_q), 7.0, device=device)
-    launch_combine(out, lse, o_part, lse_part, num_splits)
+    seqlens = torch.tensor([64 * max(n, 1) if n else 0 for n in splits], dtype=torch.int32, device=device)
+    launch_combine(out, lse, o_part, lse_part, num_splits, seqlens, max(splits))
     for i, n in enumerate(splits):
         if n == 1:  # written by the decode kernel: untouched here
             assert (out[i] == 7).all() and (lse[i] == 7).all()

@@ -63,7 +63,8 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
         assert scale.base.data_ptr() == x["k_cache"].data_ptr() + 512
     else:
         assert rope.base.dtype == torch.float8_e4m3fn and scale is rope   # no scale tile: a placeholder
-    q, descale_q, descale_k = args[0], args[17], args[18]
+    q, descale_q, descale_k = args[0], args[18], args[19]
+    assert args[9:11] == (p.block_table.shape[1], x["k_cache"].shape[0])   # the table's pages, the cache's
     assert descale_k is (x["descale_k"] if kv_format == "fp8" else p.cache_seqlens)   # placeholder: never read
     if q_fp8:
         assert q is x["q"] and descale_q is x["descale_q"]

@@ -55,8 +55,9 @@ def _cell(text: str) -> str:
 def _metrics_cells(row: dict, suite: str) -> list[str]:
     if suite == "speed":
         speedup = ", ".join(f"{v:.2f}× {k}" for k, v in row.get("speedup", {}).items())
-        cells = [format_speed(row["ms"], row["tflops"], row["gbps"]) if "ms" in row else "", speedup,
-                 f"{row['host_us']:.0f}" if "host_us" in row else ""]
+        cells = [format_speed(row["ms"], row["tflops"], row["gbps"]) if "ms" in row else "",
+                 f"{row['eager_ms']:.3f} ms" if "eager_ms" in row else "",
+                 f"{row['host_us']:.0f}" if "host_us" in row else "", speedup]
     else:
         cells = []
     cells += [sci(row.get(k)) if k in row else "" for k in ("cos_diff", "rmse", "amax", "lse_err")]
@@ -71,7 +72,7 @@ def _metrics_cells(row: dict, suite: str) -> list[str]:
 
 def markdown(rows: list[dict], suite: str, env: dict) -> str:
     head = ["config" if suite == "speed" else "case", "method"]
-    head += ["time (median)", "speedup vs peers", "host µs/call"] if suite == "speed" else []
+    head += ["CUDA graph (median)", "eager", "host µs/call", "speedup vs peers (graph)"] if suite == "speed" else []
     head += ["cos_diff", "RMSE", "amax", "lse err"] + (["needle rows = its V"] if suite == "accuracy" else [])
     lines = [f"## fp8mla {suite}: {env['device']}", "",
              f"torch {env['torch']}, triton {env['triton']}, {env['date']}; `{env['command']}`", "",

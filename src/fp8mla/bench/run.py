@@ -3,12 +3,12 @@
 Every config builds one random problem (``inputs.make_problem``: shuffled pages, NaN in unused cache slots) and
 its fp32 reference on the *unquantized* bf16 inputs. Every method (an fp8mla format on a backend, or a peer) is
 prepared once, with quantization and scheduler metadata outside the timed region as engines do, called once for
-accuracy, then timed on a GPU: by default with ``triton.testing.do_bench_cudagraph`` (median; the call captured in
-a CUDA graph, as engines run decode), or with ``--timer eager``, ``triton.testing.do_bench`` (median; launched from
-Python each time, after an L2 flush). Eager timing measures the host whenever a call's launch path takes longer
-on the CPU than the GPU work queued before it (the flush and the previous call), so the host cost of a call has
-its own column (``host µs/call``: wall time per call of 50 calls launched back to back). A method that fails
-becomes a row that says why; the bench goes on.
+accuracy, then timed on a GPU three ways: captured in a CUDA graph, as engines run decode
+(``triton.testing.do_bench_cudagraph``, median: the "ms" every ratio is of), launched from Python each time
+(``triton.testing.do_bench``, median, an L2 flush between calls, as FlashMLA's own test times them: it shows the
+host whenever a call's launch path takes longer on the CPU than the flush and the call before on the GPU), and
+the host's own cost (``host µs/call``: wall time per call of 50 calls launched back to back, no sync). A method that
+fails becomes a row that says why; the bench goes on.
 
 Our ``fp8`` rows take an e4m3 q with a per-tensor scale: exactly the inputs of FlashMLA's dense FP8 kernel.
 """
@@ -158,13 +158,11 @@ def run_method(method: Method, case: Case, timer: Callable[[Callable], float] | 
             row.update(needle_report(out, case.ref_out, case.problem.kv, case.needles))
         if timer is not None:
             b, s_q, h_q = case.problem.shape
-            ms = timer(call)
+            row.update(timer(call))
             _sync(device)
-            if device.type == "cuda":
-                row["host_us"] = host_time(call)
             flops = decode_flops(s_q, h_q, case.total_seqlen)
             nbytes = decode_bytes(b, s_q, h_q, case.total_seqlen, method.cache_format, 1 if method.q_fp8 else 2)
-            row.update(speed(ms, flops, nbytes), flops=flops, bytes=nbytes)
+            row.update(speed(row["ms"], flops, nbytes), flops=flops, bytes=nbytes)
     except Exception as e:
         row["error"] = describe(e)
     return row
@@ -213,12 +211,15 @@ def summary(row: dict) -> str:
     return text
 
 
-def gpu_timer(warmup: int, rep: int, graph: bool = True) -> Callable[[Callable], float]:
+def gpu_timer(warmup: int, rep: int) -> Callable[[Callable], dict]:
+    """{ms: in a CUDA graph, eager_ms: launched from Python, host_us: host time per call} of a call."""
     import triton.testing
 
-    if graph:
-        return lambda fn: triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
-    return lambda fn: triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+    def timer(fn):
+        graph = triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
+        eager = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+        return dict(ms=graph, eager_ms=eager, host_us=host_time(fn))
+    return timer
 
 
 def host_time(fn: Callable, calls: int = 50) -> float:
@@ -233,11 +234,11 @@ def host_time(fn: Callable, calls: int = 50) -> float:
     return elapsed / calls * 1e6
 
 
-def cpu_time(fn: Callable) -> float:
+def cpu_timer(fn: Callable) -> dict:
     """One call's wall time in ms: the interpreter's numbers only prove the pipeline runs."""
     start = time.perf_counter()
     fn()
-    return (time.perf_counter() - start) * 1e3
+    return dict(ms=(time.perf_counter() - start) * 1e3)
 
 
 def build_methods(device: torch.device, formats, backends, peers_dir: str | None, fa3: bool) -> list[Method]:
@@ -263,9 +264,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-fa3", dest="fa3", action="store_false", help="leave FA3 out of the peers")
     parser.add_argument("--accuracy", action="store_true",
                         help="run the accuracy suite (randn, RoPE ×8, 128k tokens, needles) instead of the speed one")
-    parser.add_argument("--timer", choices=("graph", "eager"), default="graph",
-                        help="GPU timing: the call in a CUDA graph (default), or launched from Python each time")
-    parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms (eager timer)")
+    parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms (eager calls)")
     parser.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench-out", help="folder for the table, JSON and plot")
@@ -305,9 +304,9 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
     if args.accuracy:
         timer = None
     elif device.type == "cuda":
-        timer = gpu_timer(args.warmup, args.rep, graph=args.timer == "graph")
+        timer = gpu_timer(args.warmup, args.rep)
     else:
-        timer = cpu_time
+        timer = cpu_timer
     suite = "accuracy" if args.accuracy else "speed"
     rows = run_suite(configs, methods, device, timer, args.seed, progress, suite)
     print(write_report(rows, suite, device, command, args.out, progress), end="")

@@ -107,15 +107,18 @@ def launch_decode(decoder: Decoder, call) -> None:
     """The decode kernel ``decoder`` over ``call`` (a checks.DecodeCall), then the combine of its split requests."""
     from .combine import launch_combine
 
-    b, s_q, h_q, _ = call.q.shape
+    from .launcher import scratch
+
+    b = call.q.shape[0]
     # every part adds at most one split beyond the first of each request
     max_splits = b + call.meta.shape[0]
-    o_part = torch.empty(max_splits, s_q * h_q, D_LATENT, dtype=partial_dtype(call.kv_format), device=call.q.device)
-    lse_part = torch.empty(max_splits, s_q * h_q, dtype=torch.float32, device=call.q.device)
+    o_part = scratch((max_splits, call.rows, D_LATENT), partial_dtype(call.kv_format), call.q.device)
+    lse_part = scratch((max_splits, call.rows), torch.float32, call.q.device)
     if decoder.backend == "hopper":
         from . import hopper
         launch = hopper.LAUNCH[decoder.name]
     else:
         from .portable import launch_portable as launch
     launch(call, o_part, lse_part)
-    launch_combine(call.out, call.lse, o_part, lse_part, call.num_splits)
+    launch_combine(call.out, call.lse, o_part, lse_part, call.num_splits, call.cache_seqlens,
+                   call.block_table.shape[1])

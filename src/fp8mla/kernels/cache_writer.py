@@ -14,11 +14,11 @@ EXPONENT_ONE = tl.constexpr(0x00800000)   # 1 in that field
 
 
 @triton.jit
-def write_kv_cache_kernel(kv_c_ptr, stride_c, k_pe_ptr, stride_pe, cache_ptr, slot_ptr, descale_k_ptr,
+def write_kv_cache_kernel(kv_c_ptr, stride_c, k_pe_ptr, stride_pe, cache_ptr, num_slots, slot_ptr, descale_k_ptr,
                           KV_FORMAT: tl.constexpr):
     tok = tl.program_id(0)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
-    if slot >= 0:  # negative slots are padding
+    if (slot >= 0) & (slot < num_slots):  # negative slots are padding; slots past the cache are skipped too
         d = tl.arange(0, D_LATENT)
         r = tl.arange(0, D_ROPE)
         lat = tl.load(kv_c_ptr + tok.to(tl.int64) * stride_c + d).to(tl.float32)
@@ -51,6 +51,6 @@ _launch = CachedLauncher(write_kv_cache_kernel)
 
 
 def launch_write_kv_cache(kv_c, k_pe, k_cache, slot_mapping, kv_format, descale_k):
-    _launch((kv_c.shape[0],), (kv_c, kv_c.stride(0), k_pe, k_pe.stride(0), k_cache, slot_mapping,
-                               descale_k if descale_k is not None else slot_mapping),
+    _launch((kv_c.shape[0],), (kv_c, kv_c.stride(0), k_pe, k_pe.stride(0), k_cache, k_cache.shape[0] * k_cache.shape[1],
+                               slot_mapping, descale_k if descale_k is not None else slot_mapping),
             dict(KV_FORMAT=FORMAT_CODE[kv_format]), num_warps=4)

@@ -21,6 +21,10 @@ BEGIN_PAGE = tl.constexpr(schedule.BEGIN_PAGE)
 END_REQ = tl.constexpr(schedule.END_REQ)
 END_PAGE = tl.constexpr(schedule.END_PAGE)
 BEGIN_SPLIT = tl.constexpr(schedule.BEGIN_SPLIT)
+BEGIN_REQ_PAGES = tl.constexpr(schedule.BEGIN_REQ_PAGES)
+END_REQ_PAGES = tl.constexpr(schedule.END_REQ_PAGES)
+FIXED_COST = tl.constexpr(schedule.FIXED_COST)
+COMBINE_STEP_PAGES = tl.constexpr(schedule.COMBINE_STEP_PAGES)
 
 # KV_FORMAT codes the kernels specialise on
 BF16 = tl.constexpr(0)

@@ -11,6 +11,8 @@ compiles (or looks up) its own kernel through Triton as before.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton import knobs
 from triton.runtime import driver
@@ -48,7 +50,9 @@ def _token(spec) -> tuple:
     return ("spec", _tokens.setdefault(spec, len(_tokens)))
 
 
+@functools.lru_cache(maxsize=None)
 def _interpreting() -> bool:
+    """Whether the kernels are interpreted functions (decided when they were decorated, so once a process)."""
     return interpreter_active()
 
 
@@ -75,14 +79,18 @@ class CachedLauncher:
         self._descriptors: dict = {}   # id -> (descriptor, a small int for its spec): computed once per object
 
     def _key(self, args: tuple) -> tuple:
-        """``tuple(map(_spec, args))``, faster: this runs on every launch (the plain types' specs straight from
-        _PLAIN_SPECS; a TMA descriptor, rebuilt by nobody and reused call after call, by a token of its spec, worked
+        """``tuple(map(_spec, args))``, faster: this runs on every launch (tensors and ints, most of the arguments,
+        inline; a TMA descriptor, rebuilt by nobody and reused call after call, by a token of its spec, worked
         out once per object and then hashed as an int instead of its layout)."""
         key = []
         for arg in args:
-            plain = _PLAIN_SPECS.get(type(arg))
-            if plain is not None:
-                key.append(plain(arg))
+            kind = type(arg)
+            if kind is torch.Tensor:
+                key.append((arg.dtype, not arg.data_ptr() & 15))
+            elif kind is int:
+                key.append((arg == 1, not arg & 15, -2 ** 31 <= arg < 2 ** 31))
+            elif kind in _PLAIN_SPECS:
+                key.append(_PLAIN_SPECS[kind](arg))
             elif hasattr(arg, "block_shape"):
                 known = self._descriptors.get(id(arg))
                 if known is None or known[0] is not arg:   # (an id is only reused once its object is gone)
@@ -100,7 +108,6 @@ class CachedLauncher:
             interpreter.apply()
             self.fn[grid](*args, **constexprs, **options)
             return
-        options = {**COMPILE_OPTIONS, **options}
         device = _current_device()
         key = (device, self._key(args), tuple(constexprs.items()), tuple(options.items()))
         kernel = self.kernels.get(key)
@@ -108,7 +115,7 @@ class CachedLauncher:
             if tuple(self.fn.arg_names[len(args):]) != tuple(constexprs):
                 raise TypeError(f"{self.fn.arg_names} do not end with the constexprs {tuple(constexprs)}")
             with compiling_for(_current_arch()):
-                self.kernels[key] = self.fn[grid](*args, **constexprs, **options)
+                self.kernels[key] = self.fn[grid](*args, **constexprs, **COMPILE_OPTIONS, **options)
             return
         grid = (*grid, 1, 1)[:3]
         stream = _current_stream(device)
@@ -116,3 +123,21 @@ class CachedLauncher:
         metadata = kernel.launch_metadata(grid, stream, *params)
         kernel.run(*grid, stream, kernel.function, kernel.packed_metadata, metadata, knobs.runtime.launch_enter_hook,
                    knobs.runtime.launch_exit_hook, *params)
+
+
+_scratch: dict = {}
+
+
+def scratch(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A buffer for what the kernels of one call hand each other (split results, a quantized q), reused by later
+    calls on the same stream: their kernels run after this call's, so they never overwrite it early. Under CUDA-graph
+    capture (whose graph keeps what it captured) and on the CPU it is a new one each time."""
+    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+        return torch.empty(shape, dtype=dtype, device=device)
+    key = (_current_stream(device.index), shape, dtype)
+    buffer = _scratch.get(key)
+    if buffer is None:
+        if len(_scratch) >= 64:   # (a freed buffer goes back to torch's allocator, for this stream's later work)
+            _scratch.clear()
+        buffer = _scratch[key] = torch.empty(shape, dtype=dtype, device=device)
+    return buffer

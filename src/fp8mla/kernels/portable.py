@@ -12,15 +12,19 @@ Arithmetic, per 64-token page:
   O += P . V             (FP8 dot; P is multiplied by each token's V scale and by 448 / max scale of the page
                           before the e4m3 cast, so it uses the whole FP8 range; the factor is undone in fp32)
 ``bf16`` caches run the same algorithm with BF16 dots and P in BF16.
+
+Bad input never makes a load leave its tensor: pages past the block table's columns are not read, a block-table
+entry outside the cache reads nothing and, like a request whose page count is not what the schedule was planned
+for (hopper/ring.py's planned_for), makes the request's out and lse NaN.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
-from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, BF16, D_LATENT, D_QK, D_ROPE, END_PAGE, END_REQ,
-                        FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH, PAGE_SIZE, ROPE_OFFSET,
-                        ROW_BYTES, SCALE_OFFSET)
+from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, BF16, D_LATENT, D_QK, D_ROPE, END_PAGE,
+                        END_REQ, END_REQ_PAGES, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH,
+                        PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
 from .launcher import CachedLauncher
 
 # Promote FP8 partial sums to fp32 every this many products: Hopper's FP8 MMA accumulates in reduced
@@ -53,7 +57,7 @@ def _load_page(kv_ptr, page, tok_ok, KV_FORMAT: tl.constexpr):
 @triton.jit
 def mla_decode_split_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh,
-        kv_ptr, block_table_ptr, stride_bt, max_pages, seqlens_ptr,
+        kv_ptr, block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr,
         meta_ptr, num_splits_ptr,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr,
         descale_q_ptr, descale_k_ptr, sm_scale_log2,
@@ -75,6 +79,8 @@ def mla_decode_split_kernel(
     end_req = tl.load(meta + END_REQ)
     end_page = tl.load(meta + END_PAGE)
     begin_split = tl.load(meta + BEGIN_SPLIT)
+    begin_req_pages = tl.load(meta + BEGIN_REQ_PAGES)
+    end_req_pages = tl.load(meta + END_REQ_PAGES)
     if KV_FORMAT == FP8:
         descale_k = tl.load(descale_k_ptr)
     else:
@@ -85,6 +91,11 @@ def mla_decode_split_kernel(
         lo = tl.where(req == begin_req, begin_page, 0)
         hi = tl.minimum(tl.where(req == end_req, end_page, tl.cdiv(seqlen, PAGE_SIZE)), max_pages)
         if lo < hi:
+            # a stale schedule (this part's first or last request of another page count) or, below, a page
+            # outside the cache: the request's out and lse become NaN
+            pages = tl.where(seqlen > 0, tl.cdiv(seqlen, PAGE_SIZE), 0)
+            planned = tl.where(req == end_req, end_req_pages, tl.where(req == begin_req, begin_req_pages, pages))
+            bad = planned != pages
             # ---- this request's query rows, quantized once ----
             q_rows = q_ptr + req * stride_qb + s_idx * stride_qs + h_idx * stride_qh
             q_lat = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
@@ -115,8 +126,11 @@ def mla_decode_split_kernel(
 
             for blk in range(lo, hi):
                 page = tl.load(block_table_ptr + req * stride_bt + blk)
+                outside = (page < 0) | (page >= num_pages)
+                bad |= outside
                 tok = blk * PAGE_SIZE + t
-                k_lat, k_rope, k_scale = _load_page(kv_ptr, page, tok < seqlen, KV_FORMAT)
+                k_lat, k_rope, k_scale = _load_page(kv_ptr, tl.where(outside, 0, page), (tok < seqlen) & ~outside,
+                                                    KV_FORMAT)
 
                 # ---- scores, in log2 units ----
                 if KV_FORMAT == BF16:
@@ -158,19 +172,20 @@ def mla_decode_split_kernel(
             else:
                 o_scale = v_unit * descale_k / FP8_MAX
             seen = l_i > 0
-            o = acc * tl.where(seen, o_scale / l_i, 0.0)[:, None]
+            o = acc * tl.where(bad, float("nan"), tl.where(seen, o_scale / l_i, 0.0))[:, None]
             lse = tl.where(seen, (m_i + tl.log2(l_i)) * LN2, float("inf"))
             split0 = tl.load(num_splits_ptr + req)
             n_splits = tl.load(num_splits_ptr + req + 1) - split0
             if n_splits == 1:
                 out_rows = out_ptr + (req * R + rows) * D_LATENT
                 tl.store(out_rows[:, None] + d[None, :], o.to(tl.bfloat16), mask=row_ok[:, None])
-                tl.store(lse_ptr + req * R + h_idx * S_Q + s_idx, lse, mask=row_ok)
-            else:
+                tl.store(lse_ptr + req * R + h_idx * S_Q + s_idx, tl.where(bad, float("nan"), lse), mask=row_ok)
+            elif n_splits > 1:   # (none: a schedule planned for no pages; the combine marks the request)
                 split = split0 + tl.where(req == begin_req, begin_split, 0)
                 part_rows = split.to(tl.int64) * R + rows
                 tl.store(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], o, mask=row_ok[:, None])
-                tl.store(lse_part_ptr + part_rows, tl.where(seen, lse, float("-inf")), mask=row_ok)
+                lse = tl.where(bad, float("nan"), tl.where(seen, lse, float("-inf")))
+                tl.store(lse_part_ptr + part_rows, lse, mask=row_ok)
 
 
 def block_m_for(rows: int) -> int:
@@ -189,7 +204,7 @@ def launch_portable(call, o_part, lse_part):
     dummy = call.cache_seqlens  # never read: placeholders for absent scales
     _launch(grid, (q, q.stride(0), q.stride(1), q.stride(2),
                    call.k_cache, call.block_table, call.block_table.stride(0), call.block_table.shape[1],
-                   call.cache_seqlens, call.meta, call.num_splits,
+                   call.k_cache.shape[0], call.cache_seqlens, call.meta, call.num_splits,
                    call.out, call.lse, o_part, lse_part,
                    call.descale_q if call.descale_q is not None else dummy,
                    call.descale_k if call.descale_k is not None else dummy,

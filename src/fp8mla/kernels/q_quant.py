@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .. import formats
 from .constants import D_LATENT, D_ROPE, FP8_MAX
-from .launcher import CachedLauncher
+from .launcher import CachedLauncher, scratch
 
 BLOCK_ROWS = tl.constexpr(16)
 
@@ -59,8 +59,8 @@ def quantize_q(q: torch.Tensor, rope_fp8: bool) -> tuple[torch.Tensor, torch.Ten
     b, s_q, h_q, _ = q.shape
     n_rows = b * s_q * h_q
     width = formats.D_LATENT + formats.D_ROPE * (1 if rope_fp8 else 2)
-    packed = torch.empty(b, s_q, h_q, width, dtype=torch.float8_e4m3fn, device=q.device)
-    descale = torch.empty(n_rows, dtype=torch.float32, device=q.device)
+    packed = scratch((b, s_q, h_q, width), torch.float8_e4m3fn, q.device)
+    descale = scratch((n_rows,), torch.float32, q.device)
     stride_b, stride_s, stride_h, _ = q.stride()
     # (-(-n // m): triton.cdiv is a ConstexprFunction, ~2 us a call on the host)
     _launch((-(-n_rows // BLOCK_ROWS.value),),

@@ -53,7 +53,7 @@ TYPICAL_DIVISIBLE = ("stride_qb", "stride_qs", "stride_qh", "H", "R")
 
 # the decode kernels' parameters of one type whatever the kernel
 DECODE_TYPES = {"stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32", "block_table_ptr": "*i32",
-                "stride_bt": "i32", "max_pages": "i32", "seqlens_ptr": "*i32", "meta_ptr": "*i32",
+                "stride_bt": "i32", "max_pages": "i32", "num_pages": "i32", "seqlens_ptr": "*i32", "meta_ptr": "*i32",
                 "num_splits_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "o_part_ptr": "*fp32",
                 "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32", "descale_k_ptr": "*fp32", "sm_scale_log2": "fp32",
                 "H": "i32", "S_Q": "i32", "R": "i32"}

@@ -27,7 +27,8 @@ from .handshakes import Handoff
 from .layouts import (BLOCK_M, HALF, LAT_BF16_SMEM, LEFT, O_ACC_BF16, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16,
                       VEC_SMEM)
 from .operands import Q_AS_IS, load_q
-from .ring import load_cursor_start, load_cursor_step, open_part, request_range
+from .ring import (FLAG_SMEM, get_flag, load_cursor_start, load_cursor_step, open_part, page_index, planned_for,
+                   put_flag, request_range)
 from .softmax import key_limits, online_softmax, softmax_epilogue
 
 STAGES = gl.constexpr(2)     # ring slots, a whole page each
@@ -47,14 +48,16 @@ def _group_ready(kv_ready, s, group):
 
 
 @gluon.jit
-def _load_page(descs, ring, page, pos):
-    """TMA cache page `page` into ring position pos, once the page before it there is released: its latent
-    part in 128-column groups, each signalling its own barrier (ready[slot, group]), then its RoPE part.
-    ring: (latent boxes, RoPE tiles, ready, empty)."""
+def _load_page(descs, table, ring, page, pos):
+    """TMA the block-table entry `page` into ring position pos, once the page before it there is released: its
+    latent part in 128-column groups, each signalling its own barrier (ready[slot, group]), then its RoPE part.
+    ring: (latent boxes, RoPE tiles, ready, empty, bad-page flags: ring.py)."""
     lat_desc, rope_desc = descs
-    k_boxes, k_rope, kv_ready, kv_empty = ring
+    k_boxes, k_rope, kv_ready, kv_empty, bad = ring
     s = pos % STAGES
     mbarrier.wait(kv_empty.index(s), ((pos // STAGES) & 1) ^ 1)
+    page, outside = page_index(table, page)
+    put_flag(bad.index(s), outside)   # before the arrivals that publish the slot
     BOXES: gl.constexpr = K_GROUP // K_BOX
     for g in gl.static_range(N_GROUPS):
         ready = _group_ready(kv_ready, s, g)
@@ -70,7 +73,7 @@ def _load_page(descs, ring, page, pos):
 @gluon.jit
 def _fake_load(ring, pos):
     """ablations.SKIP_REFILLS: ring position pos's slot completes at once (every group), keeping its page."""
-    k_boxes, k_rope, kv_ready, kv_empty = ring
+    k_boxes, k_rope, kv_ready, kv_empty, bad = ring
     s = pos % STAGES
     mbarrier.wait(kv_empty.index(s), ((pos // STAGES) & 1) ^ 1)
     for g in gl.static_range(N_GROUPS + 1):
@@ -97,11 +100,11 @@ def _softmax_page(hand, sc, blk, limits, m_i, l_i, it, sm_scale_log2, ABLATE: gl
 def _softmax_wg(query, shape, sched, lse_outs, sm_scale_log2, q_smem, ring, hand, CAUSAL: gl.constexpr,
                 ABLATE: gl.constexpr):
     """query: (q_ptr, its strides of b, s, h); shape: (h_q, s_q); ring: (latent [slot, page, 512], RoPE, ready,
-    empty)."""
+    empty, bad-page flags)."""
     q_ptr, stride_qb, stride_qs, stride_qh = query
     H, S_Q = shape
     q_lat, q_rope = q_smem
-    k_lat, k_rope, kv_ready, kv_empty = ring
+    k_lat, k_rope, kv_ready, kv_empty, bad_pages = ring
     R = H * S_Q
     q_boxes = reinterpret(q_lat, gl.bfloat16, [N_BOXES, BLOCK_M, K_BOX], LAT_BF16_SMEM)   # [box] = its columns
     k_boxes = reinterpret(k_lat, gl.bfloat16, [STAGES * N_BOXES, PAGE_SIZE, K_BOX], LAT_BF16_SMEM)
@@ -117,6 +120,7 @@ def _softmax_wg(query, shape, sched, lse_outs, sm_scale_log2, q_smem, ring, hand
         if lo < hi:
             load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, q_ptr, Q_AS_IS)
             limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
+            bad = not planned_for(part, req, seqlen)   # or, below, a page outside the cache
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_i = gl.zeros([BLOCK_M], gl.float32, row_l)
             for blk in range(lo, hi):
@@ -132,12 +136,13 @@ def _softmax_wg(query, shape, sched, lse_outs, sm_scale_log2, q_smem, ring, hand
                 mbarrier.wait(_group_ready(kv_ready, s, N_GROUPS), phase)
                 acc = warpgroup_mma(q_rope, k_rope.index(s).permute((1, 0)), acc, is_async=True)
                 acc = warpgroup_mma_wait(0, deps=[acc, q_lat, q_rope, k_lat.index(s), k_rope.index(s)])[0]
+                bad |= get_flag(bad_pages.index(s))
                 mbarrier.arrive(kv_empty.index(s))
                 m_i, l_i = _softmax_page(hand, acc, blk, limits, m_i, l_i, it, sm_scale_log2, ABLATE)
                 it += 1
 
             # ---- a request's end: 1 / l to the PV warpgroups; lse ----
-            softmax_epilogue(1.0, m_i, l_i, rows, req, begin_req, (H, S_Q, R), sm_scale_log2, sched, lse_outs,
+            softmax_epilogue(1.0, m_i, l_i, rows, req, begin_req, bad, (H, S_Q, R), sm_scale_log2, sched, lse_outs,
                              hand, n_req, P_LOG2=0.0)
             n_req += 1
 
@@ -157,17 +162,17 @@ def _zero_tail(v, valid):
 def _pv_wg(descs, table, shape, sched, outs, ring, hand, WG: gl.constexpr, ABLATE: gl.constexpr):
     """O[:, 256 WG : 256 (WG + 1)] for every page of the part; the left warpgroup also loads the pages."""
     H, S_Q = shape
-    k_lat, k_rope, kv_ready, kv_empty = ring
+    k_lat, k_rope, kv_ready, kv_empty, bad = ring
     R = H * S_Q
     k_boxes = reinterpret(k_lat, gl.bfloat16, [STAGES * N_BOXES, PAGE_SIZE, K_BOX], LAT_BF16_SMEM)
-    load_ring = (k_boxes, k_rope, kv_ready, kv_empty)
+    load_ring = (k_boxes, k_rope, kv_ready, kv_empty, bad)
     part = open_part(sched)
     begin_req = part[3]
     if WG == LEFT:  # the TMA cursor runs STAGES pages ahead, across requests (see fp8.py)
         load_cursor, load_page = load_cursor_start(part, table)
         loaded = 0
         while (loaded < STAGES) & load_cursor[2]:  # not unrolled (see fp8.py)
-            _load_page(descs, load_ring, load_page, loaded)
+            _load_page(descs, table, load_ring, load_page, loaded)
             loaded += 1
             load_cursor, load_page = load_cursor_step(part, table, load_cursor)
     it = 0
@@ -197,7 +202,7 @@ def _pv_wg(descs, table, shape, sched, outs, ring, hand, WG: gl.constexpr, ABLAT
                         if ABLATE & SKIP_REFILLS:
                             _fake_load(load_ring, loaded)
                         else:
-                            _load_page(descs, load_ring, load_page, loaded)
+                            _load_page(descs, table, load_ring, load_page, loaded)
                         loaded += 1
                         load_cursor, load_page = load_cursor_step(part, table, load_cursor)
 
@@ -208,7 +213,7 @@ def _pv_wg(descs, table, shape, sched, outs, ring, hand, WG: gl.constexpr, ABLAT
 
 @gluon.jit
 def mla_decode_hopper_bf16_kernel(
-        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages,
+        q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, num_pages,
         seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, sm_scale_log2, H, S_Q,
         CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
@@ -234,14 +239,15 @@ def mla_decode_hopper_bf16_kernel(
     mbarrier.init(p_free, count=2)
     mbarrier.init(epi_ready, count=1)
     mbarrier.init(epi_free, count=2)
-    ring = (k_lat, k_rope, kv_ready, kv_empty)
+    bad = gl.allocate_shared_memory(gl.int32, [STAGES, 1], FLAG_SMEM)
+    ring = (k_lat, k_rope, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr)
     gl.warp_specialize([
         (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q), sched, (lse_ptr, lse_part_ptr),
                        sm_scale_log2, (q_lat, q_rope), ring, hand, CAUSAL, ABLATE)),
-        (_pv_wg, ((lat_desc, rope_desc), (block_table_ptr, stride_bt), (H, S_Q), sched, (out_ptr, o_part_ptr),
-                  ring, hand, LEFT, ABLATE)),
-        (_pv_wg, ((lat_desc, rope_desc), (block_table_ptr, stride_bt), (H, S_Q), sched, (out_ptr, o_part_ptr),
-                  ring, hand, RIGHT, ABLATE)),
+        (_pv_wg, ((lat_desc, rope_desc), (block_table_ptr, stride_bt, num_pages), (H, S_Q), sched,
+                  (out_ptr, o_part_ptr), ring, hand, LEFT, ABLATE)),
+        (_pv_wg, ((lat_desc, rope_desc), (block_table_ptr, stride_bt, num_pages), (H, S_Q), sched,
+                  (out_ptr, o_part_ptr), ring, hand, RIGHT, ABLATE)),
     ], [4, 4], [PV_REGS, PV_REGS])

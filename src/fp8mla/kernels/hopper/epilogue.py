@@ -15,10 +15,11 @@ def pv_epilogue(o, req, begin_req, R, sched, outs, hand, n_req, WG: gl.constexpr
     partial slot (store_o). outs: (out_ptr, o_part_ptr)."""
     out_ptr, o_part_ptr = outs
     norm = hand.take_norm(n_req, gl.SliceLayout(1, O_GROUP))   # O's rows, held as the accumulator holds them
-    direct, split = split_slot(sched, req, begin_req)
+    direct, split, owned = split_slot(sched, req, begin_req)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
     _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
-             o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm, rows < R, VT_ORDER)
+             o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm,
+             (rows < R) & owned, VT_ORDER)
 
 
 @gluon.jit
@@ -73,13 +74,13 @@ def pv_epilogue_t(o, req, begin_req, R, sched, outs, hand, n_req, WG: gl.constex
     ROWS: gl.constexpr = o.shape[1]
     OT: gl.constexpr = o.type.layout
     norm = hand.take_norm(n_req, gl.SliceLayout(0, OT))
-    direct, split = split_slot(sched, req, begin_req)
+    direct, split, owned = split_slot(sched, req, begin_req)
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(0, OT))
     n = gl.arange(0, HALF, gl.SliceLayout(1, OT))
     c = n % V_CHUNK
     dim = WG * HALF + (n - c) + ((c & 0xE0) | ((c & 7) << 2) | ((c >> 3) & 3))
     o = o * norm[None, :]
-    ok = (rows < R)[None, :]
+    ok = ((rows < R) & owned)[None, :]
     if direct:
         gl.store(out_ptr + (req * R + rows).to(gl.int64)[None, :] * D_LATENT + dim[:, None], o.to(gl.bfloat16),
                  mask=ok)

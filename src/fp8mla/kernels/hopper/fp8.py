@@ -26,7 +26,7 @@ from .handshakes import Handoff, init_barriers
 from .layouts import (BLOCK_M, HALF, LEFT, O_ACC, PV_REGS, RIGHT, ROPE_PV_REGS, S_BF16, S_FP8, SCALE_COLS, STAGES,
                       dim_bit as _d, token_bit as _t)
 from .operands import Q_AS_IS, Q_PREQUANTIZED, allocate_operands, load_q
-from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, request_range
+from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, planned_for, request_range
 from .softmax import (ROW_LANES, key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page,
                       token_scales)
 from .transpose import transpose_next
@@ -52,8 +52,9 @@ L_LANES = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_t(3)], lane_bases=
 @gluon.jit
 def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, ring, hand,
                 KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
-    """query: (q_ptr, its strides of b, s, h); shape: (h_q, s_q, s_q * h_q); scales: (descale_q_ptr,
-    descale_k_ptr, softmax_scale * log2 e); q_smem: (q_lat, q_rope)."""
+    """query: (q_ptr, its strides of b, s, h); shape: (h_q, s_q, s_q * h_q); table: (block_table_ptr, its row
+    stride, the cache's pages); scales: (descale_q_ptr, descale_k_ptr, softmax_scale * log2 e); q_smem: (q_lat,
+    q_rope)."""
     q_ptr, stride_qb, stride_qs, stride_qh = query
     H, S_Q, R = shape
     descale_q_ptr, descale_k_ptr, sm_scale_log2 = scales
@@ -71,7 +72,7 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
     # a loop with a run-time condition, so it is not unrolled: this once-per-CTA code runs from a cold instruction
     # cache, once per copy
     while (loaded < STAGES) & load_cursor[2]:
-        ring.load(descs, load_page, loaded, KV_FORMAT)
+        ring.load(descs, table, load_page, loaded, KV_FORMAT)
         loaded += 1
         load_cursor, load_page = load_cursor_step(part, table, load_cursor)
     it = 0       # pages consumed (ring position)
@@ -87,6 +88,7 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
             else:
                 q_a = q_lat
             limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
+            bad = not planned_for(part, req, seqlen)   # or, below, a page outside the cache
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_lanes = gl.zeros([BLOCK_M, ROW_LANES], gl.float32, L_LANES)
             v_unit = gl.to_tensor(1.0)  # the V scale O is expressed in (page-local for fp8_rope_bf16)
@@ -124,6 +126,7 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
                                                                 ring.rope.index(s)])[:2]
                     acc = acc * q_scale[:, None] * k_scale[None, :] + gl.convert_layout(acc_rope, S_FP8,
                                                                                         assert_trivial=True)
+                bad |= ring.page_outside(it)
                 ring.release(it)
                 prev = (acc, k_scale, k_max)
                 it += 1
@@ -131,7 +134,7 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
                     if ABLATE & SKIP_REFILLS:
                         ring.fake_load(loaded)
                     else:
-                        ring.load(descs, load_page, loaded, KV_FORMAT)
+                        ring.load(descs, table, load_page, loaded, KV_FORMAT)
                     loaded += 1
                     load_cursor, load_page = load_cursor_step(part, table, load_cursor)
             m_i, l_lanes, v_unit = softmax_page(prev, hi - 1, limits, state, it - 1, sm_scale_log2, hand,
@@ -139,7 +142,7 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
 
             # ---- a request's end: its O scale to the PV warpgroups; lse ----
             l_i = gl.convert_layout(gl.sum(l_lanes, axis=1), row_l, assert_trivial=True)
-            softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, shape,
+            softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, bad, shape,
                              sm_scale_log2, sched, lse_outs, hand, n_req, LOG2_FP8_MAX)
             n_req += 1
 
@@ -179,7 +182,7 @@ def _pv_wg(sched, outs, R, ring, vt, hand, WG: gl.constexpr, ABLATE: gl.constexp
 @gluon.jit
 def mla_decode_hopper_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
-        block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
+        block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
     """R = H * S_Q, the query rows per request, comes as a parameter: computed in the partitions, LLVM made it
@@ -187,12 +190,13 @@ def mla_decode_hopper_kernel(
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
         BLOCK_M, STAGES, rope_desc, KV_FORMAT)
-    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(STAGES)
-    ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty)
+    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(STAGES)
+    ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr)
     gl.warp_specialize([
-        (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q, R), sched, (block_table_ptr, stride_bt),
+        (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q, R), sched,
+                       (block_table_ptr, stride_bt, num_pages),
                        (lse_ptr, lse_part_ptr), (lat_desc, rope_desc, scale_desc),
                        (descale_q_ptr, descale_k_ptr, sm_scale_log2), (q_lat, q_rope), ring, hand,
                        KV_FORMAT, Q_FP8, CAUSAL, ABLATE)),

@@ -24,6 +24,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from ..triton_compat import aggregate
+from .ring import FLAG_SMEM
 
 P_BUFFERS = gl.constexpr(2)   # P and alpha are double-buffered in the FP8 kernels
 
@@ -95,7 +96,7 @@ class Handoff:
 @gluon.jit
 def init_barriers(RING: gl.constexpr):
     """The FP8 kernels' mbarriers (the table above), initialised: ring ready / empty [RING], p_ready / p_free [2],
-    epi_ready, epi_free."""
+    epi_ready, epi_free; and the ring's bad-page flags [RING, 1]."""
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     kv_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)
     kv_empty = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)
@@ -111,4 +112,5 @@ def init_barriers(RING: gl.constexpr):
         mbarrier.init(p_free.index(i), count=2)
     mbarrier.init(epi_ready, count=1)
     mbarrier.init(epi_free, count=2)
-    return kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free
+    bad = gl.allocate_shared_memory(gl.int32, [RING, 1], FLAG_SMEM)
+    return kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad

@@ -61,7 +61,8 @@ def _fp8_args(call, q, descale_q, o_part, lse_part):
     lat_desc, rope_desc, scale_desc = cache_descriptors(call.k_cache, call.kv_format)
     dummy = call.cache_seqlens  # never read: placeholders for absent scales
     return (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
-            call.block_table, call.block_table.stride(0), call.block_table.shape[1], call.cache_seqlens, call.meta,
+            call.block_table, call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0],
+            call.cache_seqlens, call.meta,
             call.num_splits, call.out, call.lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
             call.descale_k if call.descale_k is not None else dummy, call.softmax_scale * LOG2E.value, h_q, s_q,
             call.rows)
@@ -94,7 +95,8 @@ def launch_bf16(call, o_part, lse_part):
     lat_desc, rope_desc, _ = cache_descriptors(call.k_cache, call.kv_format)
     _launch_bf16((call.meta.shape[0], -(-call.rows // BLOCK_M)),
                  (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, call.block_table,
-                  call.block_table.stride(0), call.block_table.shape[1], call.cache_seqlens, call.meta, call.num_splits,
+                  call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0], call.cache_seqlens,
+                  call.meta, call.num_splits,
                   call.out, call.lse, o_part, lse_part, call.softmax_scale * LOG2E.value, h_q, s_q),
                  dict(CAUSAL=call.causal, ABLATE=ABLATE), num_warps=4)
 

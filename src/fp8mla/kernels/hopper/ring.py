@@ -8,14 +8,21 @@ requests, and its *slot* is position % RING.
 
 ``sched`` is (meta, seqlens_ptr, max_pages, num_splits_ptr), meta pointing at this CTA's part of the schedule;
 ``part`` is (meta, seqlens_ptr, max_pages, begin request, end request), read from it by ``open_part``; a cursor
-is (request, page, on a page?, the request's seqlen, its end page) and moves by ``advance``.
+is (request, page, on a page?, the request's seqlen, its end page) and moves by ``advance``; ``table`` is
+(block_table_ptr, its row stride, the cache's pages).
+
+Bad input never makes a load leave its tensor: a seqlen beyond the block table is cut to the table's pages (the
+combine marks the request NaN), and a block-table entry outside the cache loads page 0 instead and marks its ring
+slot (``Ring.bad``), so that the request's consumer makes its out and lse NaN; so does a request whose page count
+is not what the schedule was planned for (``planned_for``).
 """
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..constants import BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, END_PAGE, END_REQ, FP8_ROPE_BF16, PAGE_SIZE
+from ..constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, END_PAGE, END_REQ, END_REQ_PAGES,
+                         FP8_ROPE_BF16, PAGE_SIZE)
 from ..triton_compat import aggregate, tma_load
 
 
@@ -39,13 +46,25 @@ def request_range(part, req):
 
 
 @gluon.jit
+def planned_for(part, req, seqlen):
+    """Whether the schedule was planned for the request's page count where it matters: for the part's first and
+    last requests (the requests between are covered whatever their length)."""
+    meta, _, _, begin_req, end_req = part
+    pages = gl.where(seqlen > 0, (seqlen + PAGE_SIZE - 1) // PAGE_SIZE, 0)
+    planned = gl.where(req == end_req, gl.load(meta + END_REQ_PAGES),
+                       gl.where(req == begin_req, gl.load(meta + BEGIN_REQ_PAGES), pages))
+    return planned == pages
+
+
+@gluon.jit
 def split_slot(sched, req, begin_req):
-    """(True if the request has a single split, its partial-result slot)."""
+    """(True if the request has a single split, its partial-result slot, True if it has a slot at all: a schedule
+    planned for a request of no pages gives it none)."""
     meta, _, _, num_splits_ptr = sched
     split0 = gl.load(num_splits_ptr + req)
-    direct = gl.load(num_splits_ptr + req + 1) - split0 == 1
+    n_splits = gl.load(num_splits_ptr + req + 1) - split0
     split = split0 + gl.where(req == begin_req, gl.load(meta + BEGIN_SPLIT), 0)
-    return direct, split
+    return n_splits == 1, split, n_splits > 0
 
 
 @gluon.jit
@@ -81,8 +100,8 @@ def advance(part, cursor):
 @gluon.jit
 def _page_of(table, cursor):
     """The block-table entry under the cursor, read only if it is on a page: past its part's end it may point one
-    past the table's row, and a table may have no columns at all. table: (block_table_ptr, row stride)."""
-    block_table_ptr, stride_bt = table
+    past the table's row, and a table may have no columns at all."""
+    block_table_ptr, stride_bt, _ = table
     req, blk, ok, _, _ = cursor
     return gl.load(block_table_ptr + req * stride_bt + blk, mask=ok, other=0)
 
@@ -102,24 +121,56 @@ def load_cursor_step(part, table, cursor):
     return cursor, _page_of(table, cursor)
 
 
+FLAG_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))   # [n, 1]: [1] a slot
+
+
+@gluon.jit
+def put_flag(slot, value):
+    """A [1] int32 slot of shared memory := value (every thread of the warps storing the same)."""
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    slot.store(gl.full([1], 0, gl.int32, layout) + value.to(gl.int32))
+
+
+@gluon.jit
+def get_flag(slot):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    return gl.max(slot.load(layout), axis=0) != 0
+
+
+@gluon.jit
+def page_index(table, page):
+    """(the page to load, whether the block-table entry was outside the cache and so replaced by page 0)."""
+    outside = (page < 0) | (page >= table[2])
+    return gl.where(outside, 0, page), outside
+
+
 @aggregate
 class Ring:
     """The FP8 kernels' KV page ring: RING slots, each holding one page's latent [64, 512] e4m3, RoPE [64, 64] and
     (fp8_rope_bf16) token scales [64, SCALE_COLS] fp32, with two barriers a slot: ready (TMA: the page's bytes
-    arrived) and empty (its consumers are done with it: handshakes.py)."""
+    arrived) and empty (its consumers are done with it: handshakes.py); and a flag a slot, bad: its block-table
+    entry was outside the cache."""
     lat: gl.shared_memory_descriptor
     rope: gl.shared_memory_descriptor
     scale: gl.shared_memory_descriptor
     ready: gl.shared_memory_descriptor
     empty: gl.shared_memory_descriptor
+    bad: gl.shared_memory_descriptor
 
     @triton.constexpr_function
-    def __init__(self, lat, rope, scale, ready, empty):
+    def __init__(self, lat, rope, scale, ready, empty, bad):
         self.lat = lat
         self.rope = rope
         self.scale = scale
         self.ready = ready
         self.empty = empty
+        self.bad = bad
+
+    @gluon.jit
+    def page_outside(self, pos):
+        """Whether ring position pos's block-table entry was outside the cache (after wait)."""
+        RING: gl.constexpr = self.lat.shape[0]
+        return get_flag(self.bad.index(pos % RING))
 
     @gluon.jit
     def wait(self, pos):
@@ -134,13 +185,15 @@ class Ring:
         mbarrier.arrive(self.empty.index(pos % RING))
 
     @gluon.jit
-    def load(self, descs, page, pos, KV_FORMAT: gl.constexpr):
-        """TMA cache page `page` into ring position pos's slot, once the page before it there is released.
-        descs: the cache's (latent, RoPE, scale) TMA descriptors."""
+    def load(self, descs, table, page, pos, KV_FORMAT: gl.constexpr):
+        """TMA the block-table entry `page` into ring position pos's slot, once the page before it there is
+        released. descs: the cache's (latent, RoPE, scale) TMA descriptors."""
         lat_desc, rope_desc, scale_desc = descs
         RING: gl.constexpr = self.lat.shape[0]
         s = pos % RING
         mbarrier.wait(self.empty.index(s), ((pos // RING) & 1) ^ 1)
+        page, outside = page_index(table, page)
+        put_flag(self.bad.index(s), outside)   # before the arrival that publishes the slot
         row = page * PAGE_SIZE
         page_bytes: gl.constexpr = lat_desc.block_type.nbytes + rope_desc.block_type.nbytes
         if KV_FORMAT == FP8_ROPE_BF16:

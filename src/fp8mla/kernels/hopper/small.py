@@ -25,7 +25,7 @@ from .epilogue import pv_epilogue_t
 from .handshakes import Handoff, init_barriers
 from .layouts import HALF, LEFT, RIGHT, SCALE_COLS, VEC_SMEM, dim_bit as _d, token_bit as _t
 from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q
-from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, request_range
+from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, planned_for, request_range
 from .softmax import key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page_t, token_scales
 from .transpose import transpose_next
 
@@ -83,6 +83,7 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, q_smem, ring, hand, red, 
                 load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, descale_q_ptr,
                        Q_AS_IS if Q_FP8 else Q_QUANTIZE), row_l)
             limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
+            bad = not planned_for(part, req, seqlen)   # or, below, a page outside the cache
             m_i = gl.full([ROWS], float("-inf"), gl.float32, row_l)
             l_acc = gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST)
             v_unit = gl.to_tensor(1.0)
@@ -114,6 +115,7 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, q_smem, ring, hand, red, 
                                                                 ring.rope.index(s)])[:2]
                     acc = acc * k_scale[:, None] * q_scale[None, :] + gl.convert_layout(acc_rope, ST,
                                                                                         assert_trivial=True)
+                bad |= ring.page_outside(it)
                 ring.release(it)
                 prev = (acc, k_scale)
                 it += 1
@@ -122,7 +124,7 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, q_smem, ring, hand, red, 
             l_i = gl.sum(l_acc, axis=0)
 
             # ---- a request's end: its O scale to the PV warpgroups; lse ----
-            softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, shape,
+            softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, bad, shape,
                              sm_scale_log2, sched, lse_outs, hand, n_req, LOG2_FP8_MAX)
             n_req += 1
 
@@ -134,7 +136,7 @@ def _load_wg(sched, table, descs, ring, KV_FORMAT: gl.constexpr):
     load_cursor, load_page = load_cursor_start(part, table)
     loaded = 0
     while load_cursor[2]:
-        ring.load(descs, load_page, loaded, KV_FORMAT)
+        ring.load(descs, table, load_page, loaded, KV_FORMAT)
         loaded += 1
         load_cursor, load_page = load_cursor_step(part, table, load_cursor)
 
@@ -174,7 +176,7 @@ def _pv_wg(sched, outs, R, ring, vt, hand, WG: gl.constexpr):
 @gluon.jit
 def mla_decode_hopper_small_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
-        block_table_ptr, stride_bt, max_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
+        block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
@@ -182,8 +184,8 @@ def mla_decode_hopper_small_kernel(
         ROWS, ring_pages(ROWS, KV_FORMAT), rope_desc, KV_FORMAT)
     red = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], RED_SMEM)    # per page parity, warp: row maxima
     red_scale = gl.allocate_shared_memory(gl.float32, [2, 4], VEC_SMEM)    # ... and the largest token scale
-    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free = init_barriers(k_lat.shape[0])
-    ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty)
+    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(k_lat.shape[0])
+    ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr)
     gl.warp_specialize([
@@ -192,5 +194,6 @@ def mla_decode_hopper_small_kernel(
                        KV_FORMAT, Q_FP8, CAUSAL)),
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, LEFT)),
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, RIGHT)),
-        (_load_wg, (sched, (block_table_ptr, stride_bt), (lat_desc, rope_desc, scale_desc), ring, KV_FORMAT)),
+        (_load_wg, (sched, (block_table_ptr, stride_bt, num_pages), (lat_desc, rope_desc, scale_desc), ring,
+                    KV_FORMAT)),
     ], [4, 4, 1], [PV_REGS_SMALL, PV_REGS_SMALL, LOAD_REGS])

@@ -205,21 +205,23 @@ def softmax_page_t(page, blk, limits, state, pt, sm_scale_log2, hand, red, red_s
 
 # ---- a request's end ----
 @gluon.jit
-def softmax_epilogue(scale, m_i, l_i, rows, req, begin_req, shape, sm_scale_log2, sched, lse_outs, hand, n_req,
+def softmax_epilogue(scale, m_i, l_i, rows, req, begin_req, bad, shape, sm_scale_log2, sched, lse_outs, hand, n_req,
                      P_LOG2: gl.constexpr):
     """The softmax warpgroup's end of a request: scale / l per row to the PV warpgroups (request n_req's hand-off;
     epilogue.pv_epilogue takes it), and the lse to the output's lse (a request with one split) or to its partial
-    slot. l is in P's units, 2^-P_LOG2. shape: (h_q, s_q, s_q * h_q); lse_outs: (lse_ptr, lse_part_ptr)."""
+    slot; both NaN if the request is bad (ring.py). l is in P's units, 2^-P_LOG2. shape: (h_q, s_q, s_q * h_q);
+    lse_outs: (lse_ptr, lse_part_ptr)."""
     H, S_Q, R = shape
     lse_ptr, lse_part_ptr = lse_outs
     seen = l_i > 0
     mbarrier.wait(hand.epi_free, (n_req & 1) ^ 1)
-    hand.norm.store(gl.where(seen, scale / l_i, 0.0))
+    hand.norm.store(gl.where(bad, float("nan"), gl.where(seen, scale / l_i, 0.0)))
     mbarrier.arrive(hand.epi_ready)
-    direct, split = split_slot(sched, req, begin_req)
+    direct, split, owned = split_slot(sched, req, begin_req)
     lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i) - P_LOG2) * LN2, float("inf"))
     row_ok = rows < R
     if direct:
-        gl.store(lse_ptr + req * R + (rows % H) * S_Q + rows // H, lse, mask=row_ok)
+        gl.store(lse_ptr + req * R + (rows % H) * S_Q + rows // H, gl.where(bad, float("nan"), lse), mask=row_ok)
     else:
-        gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, gl.where(seen, lse, float("-inf")), mask=row_ok)
+        lse = gl.where(bad, float("nan"), gl.where(seen, lse, float("-inf")))
+        gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, lse, mask=row_ok & owned)
