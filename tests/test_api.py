@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from fp8mla import flash_mla_with_kvcache, get_mla_metadata, quantize_kv_cache
+from fp8mla import flash_mla_with_kvcache, get_mla_metadata, hopper_available, quantize_kv_cache
 from fp8mla.inputs import make_problem
 
 
@@ -50,7 +50,6 @@ def test_valid_call_runs(call):
     (lambda b: dict(softmax_scale=0.0), ValueError, "softmax_scale must be a positive"),
     (lambda b: dict(softmax_scale=-0.1), ValueError, "softmax_scale must be a positive"),
     (lambda b: dict(softmax_scale=float("nan")), ValueError, "softmax_scale must be a positive"),
-    (lambda b: dict(backend="hopper"), ValueError, "sm_90"),
 ])
 def test_bad_inputs_raise_before_launch(call, change, error, match):
     with pytest.raises(error, match=match):
@@ -69,13 +68,20 @@ def test_validate_names_bad_data(call, change, match):
         call(**change(call.base), validate=True)
 
 
-def test_metadata_rejects_what_the_call_rejects():
+def test_hopper_backend_where_it_cannot_run(call, device):
+    if hopper_available(device):
+        pytest.skip("the Hopper kernels run here")
+    with pytest.raises(ValueError, match="sm_90"):
+        call(backend="hopper")
+
+
+def test_metadata_rejects_what_the_call_rejects(device):
     with pytest.raises(TypeError, match="cache_seqlens must be"):
-        get_mla_metadata(torch.ones(2, dtype=torch.int64), 16, 1)
+        get_mla_metadata(torch.ones(2, dtype=torch.int64, device=device), 16, 1)
     with pytest.raises(ValueError, match="one KV head"):
-        get_mla_metadata(torch.ones(2, dtype=torch.int32), 16, 2)
+        get_mla_metadata(torch.ones(2, dtype=torch.int32, device=device), 16, 2)
     with pytest.raises(ValueError, match=">= 1"):
-        get_mla_metadata(torch.ones(2, dtype=torch.int32), 0, 1)
+        get_mla_metadata(torch.ones(2, dtype=torch.int32, device=device), 0, 1)
 
 
 def test_fp8_cache_needs_scales(call):
@@ -127,16 +133,16 @@ def test_an_sm90_gpu_on_the_portable_kernel_says_why_once(monkeypatch):
     still works, on the portable kernel, and a warning says why, once."""
     import warnings
 
-    from fp8mla import api, reference_mla_decode, cal_diff
+    from fp8mla import cal_diff, kernels, reference_mla_decode
     from fp8mla.kernels import triton_compat
 
     monkeypatch.setattr(triton_compat, "hopper_missing", lambda: "triton 9.9's Gluon has no tma_load")
-    api._hopper_unavailable.cache_clear()
-    api._warn_portable_on_hopper.cache_clear()
+    kernels._hopper_unavailable.cache_clear()
+    kernels._warn_portable_on_hopper.cache_clear()
     try:
         p = make_problem(2, 1, 16, [100, 70], device="cuda")
         meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
-        with pytest.warns(RuntimeWarning, match="portable Triton kernel on an sm_90 GPU.*no tma_load"):
+        with pytest.warns(RuntimeWarning, match="portable Triton kernels on an sm_90 GPU.*no tma_load"):
             out, _ = flash_mla_with_kvcache(p.q, p.kv, p.block_table, p.cache_seqlens, 512, meta, splits)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -144,5 +150,5 @@ def test_an_sm90_gpu_on_the_portable_kernel_says_why_once(monkeypatch):
         ref, _ = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens)
         assert cal_diff(out.float(), ref)["cos_diff"] < 1e-5
     finally:
-        api._hopper_unavailable.cache_clear()
-        api._warn_portable_on_hopper.cache_clear()
+        kernels._hopper_unavailable.cache_clear()
+        kernels._warn_portable_on_hopper.cache_clear()
