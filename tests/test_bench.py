@@ -303,3 +303,29 @@ def test_accuracy_suite_allow_cpu(tmp_path, capsys):
     needles = [r for r in rows if r["config"]["needle"]]
     assert all(r["needle_rows"] > 0 and r["needle_hits"] == r["needle_ref_hits"] == r["needle_rows"] for r in needles)
     assert "needle rows = its V" in capsys.readouterr().out
+
+
+def test_fetch_peers_takes_the_binaries_out_of_the_wheel(tmp_path, monkeypatch):
+    """fetch-peers: the two FlashMLA extensions (and FA3, xz-compressed, with --fa3) out of the vllm wheel pip
+    downloads (here a fake wheel: the download itself needs the package index)."""
+    import lzma
+    import zipfile
+
+    from fp8mla.bench import fetch
+
+    def fake_download(version, python, folder, progress):
+        wheel = tmp_path / f"vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl"
+        with zipfile.ZipFile(wheel, "w") as z:
+            for member in fetch.MEMBERS:
+                z.writestr(member, member.encode())
+            z.writestr(fetch.FA3_MEMBER[0], b"fa3 " * 1000)
+            z.writestr("vllm/other.py", b"")
+        return str(wheel)
+
+    monkeypatch.setattr(fetch, "download_wheel", fake_download)
+    lines = []
+    written = fetch.fetch_peers(str(tmp_path / "peers"), fa3=True, progress=lines.append)
+    assert written == ["_flashmla_C.abi3.so", "_flashmla_extension_C.abi3.so", "_vllm_fa3_C.abi3.so.xz"]
+    assert (tmp_path / "peers" / "_flashmla_C.abi3.so").read_bytes() == b"vllm/_flashmla_C.abi3.so"
+    assert lzma.decompress((tmp_path / "peers" / "_vllm_fa3_C.abi3.so.xz").read_bytes()) == b"fa3 " * 1000
+    assert sorted(p.name for p in (tmp_path / "peers").iterdir()) == sorted(written) and lines
