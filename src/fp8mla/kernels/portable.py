@@ -26,6 +26,7 @@ from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, BF1
                         END_REQ, END_REQ_PAGES, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH,
                         PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
 from .launcher import CachedLauncher
+from .q_quant import quantize_rows
 
 # Promote FP8 partial sums to fp32 every this many products: Hopper's FP8 MMA accumulates in reduced
 # precision, which long contractions (and long contexts) would otherwise pay for.
@@ -105,13 +106,7 @@ def mla_decode_split_kernel(
             elif KV_FORMAT == BF16:
                 q_scale = tl.full([BLOCK_M], 1.0, tl.float32)
             else:  # each row to e4m3 with its own scale; with the fp8 cache (e4m3 RoPE keys) the RoPE part too
-                amax = tl.max(tl.abs(q_lat.to(tl.float32)), axis=1)
-                if KV_FORMAT == FP8:
-                    amax = tl.maximum(amax, tl.max(tl.abs(q_rope.to(tl.float32)), axis=1))
-                q_descale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
-                q_lat = (q_lat.to(tl.float32) / q_descale[:, None]).to(tl.float8e4nv)
-                if KV_FORMAT == FP8:
-                    q_rope = (q_rope.to(tl.float32) / q_descale[:, None]).to(tl.float8e4nv)
+                q_lat, q_rope, q_descale = quantize_rows(q_lat, q_rope, KV_FORMAT == FP8)
                 q_scale = q_descale * descale_k
 
             # causal, bottom-right aligned: query token s sees keys [0, seqlen - (S_Q - 1 - s))

@@ -26,6 +26,22 @@ BLOCK_ROWS = tl.constexpr(16)
 
 
 @triton.jit
+def quantize_rows(x, x_rope, ROPE_FP8: tl.constexpr):
+    """Query rows [rows, 512] and their RoPE part [rows, 64] to e4m3 with a descale per row, amax / 448 (1 for a
+    row of zeros), over the latent part and, with ROPE_FP8, the RoPE part too (which is otherwise left as it is):
+    (latent e4m3, RoPE, descale [rows]). The portable kernel quantizes its rows with it too."""
+    x = x.to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    if ROPE_FP8:
+        amax = tl.maximum(amax, tl.max(tl.abs(x_rope.to(tl.float32)), axis=1))
+    descale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+    x = (x * (1.0 / descale)[:, None]).to(tl.float8e4nv)
+    if ROPE_FP8:
+        x_rope = (x_rope.to(tl.float32) * (1.0 / descale)[:, None]).to(tl.float8e4nv)
+    return x, x_rope, descale
+
+
+@triton.jit
 def quantize_q_kernel(q_ptr, stride_qb, stride_qs, stride_qh, packed_ptr, row_bytes, descale_ptr, n_rows, S_Q, H,
                       ROPE_FP8: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
@@ -38,13 +54,10 @@ def quantize_q_kernel(q_ptr, stride_qb, stride_qs, stride_qh, packed_ptr, row_by
     r = tl.arange(0, D_ROPE)[None, :]
     x = tl.load(src + d, mask=ok, other=0.0).to(tl.float32)
     x_rope = tl.load(src + D_LATENT + r, mask=ok, other=0.0)
-    amax = tl.max(tl.abs(x), axis=1)
+    x, x_rope, descale = quantize_rows(x, x_rope, ROPE_FP8)
+    tl.store(dst + d, x, mask=ok)
     if ROPE_FP8:
-        amax = tl.maximum(amax, tl.max(tl.abs(x_rope.to(tl.float32)), axis=1))
-    descale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
-    tl.store(dst + d, (x * (1.0 / descale)[:, None]).to(tl.float8e4nv), mask=ok)
-    if ROPE_FP8:
-        tl.store(dst + D_LATENT + r, (x_rope.to(tl.float32) * (1.0 / descale)[:, None]).to(tl.float8e4nv), mask=ok)
+        tl.store(dst + D_LATENT + r, x_rope, mask=ok)
     else:
         tl.store((dst + D_LATENT).to(tl.pointer_type(tl.bfloat16)) + r, x_rope, mask=ok)
     tl.store(descale_ptr + rows, descale, mask=rows < n_rows)
