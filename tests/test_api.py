@@ -84,6 +84,28 @@ def test_metadata_rejects_what_the_call_rejects(device):
         get_mla_metadata(torch.ones(2, dtype=torch.int32, device=device), 0, 1)
 
 
+def test_a_schedule_object_is_planned_once_per_batch_configuration(call, device, monkeypatch):
+    """get_mla_metadata(): the first call plans it (one planner launch), calls of the same batch shape reuse it,
+    a call of another shape plans it anew; num_splits must then be None."""
+    from fp8mla import api
+
+    plans = []
+    real = api.get_mla_metadata
+    monkeypatch.setattr(api, "get_mla_metadata", lambda *args: plans.append(args[1:]) or real(*args))
+    schedule, none = get_mla_metadata()
+    base = {**call.base, "tile_scheduler_metadata": schedule, "num_splits": none}
+    out, _ = flash_mla_with_kvcache(**base)
+    again, _ = flash_mla_with_kvcache(**base)
+    assert plans == [(16, 1)] and torch.equal(out, again) and torch.equal(out, call()[0])
+    p = call.problem
+    q = torch.cat([p.q, p.q])   # 4 requests: another configuration
+    flash_mla_with_kvcache(**{**base, "q": q, "block_table": torch.cat([p.block_table] * 2),
+                              "cache_seqlens": torch.cat([p.cache_seqlens] * 2)})
+    assert plans == [(16, 1), (16, 1)] and schedule.num_splits.shape == (5,)
+    with pytest.raises(ValueError, match="num_splits must be None"):
+        flash_mla_with_kvcache(**{**base, "num_splits": call.base["num_splits"]})
+
+
 def test_fp8_cache_needs_scales(call):
     k_cache, descale_k = quantize_kv_cache(call.problem.kv, "fp8")
     with pytest.raises(ValueError, match="needs descale_k"):

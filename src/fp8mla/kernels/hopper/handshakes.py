@@ -78,15 +78,8 @@ class Handoff:
         mbarrier.arrive(self.p_free.index(pb))
 
     @gluon.jit
-    def put_norm(self, norm, n_req):
-        """Request n_req's O scale per row, once both PV warpgroups read the previous request's."""
-        mbarrier.wait(self.epi_free, (n_req & 1) ^ 1)
-        self.norm.store(norm)
-        mbarrier.arrive(self.epi_ready)
-
-    @gluon.jit
     def take_norm(self, n_req, layout: gl.constexpr):
-        """Request n_req's O scale per row (a PV warpgroup's end of put_norm)."""
+        """Request n_req's O scale per row (a PV warpgroup's end of softmax.softmax_epilogue's hand-off)."""
         mbarrier.wait(self.epi_ready, n_req & 1)
         norm = self.norm.load(layout)
         mbarrier.arrive(self.epi_free)
