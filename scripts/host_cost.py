@@ -1,13 +1,14 @@
 """Host (CPU) cost of fp8mla's calls: µs per call of a loop of calls without a synchronisation.
 
     PYTHONPATH=src python3 scripts/host_cost.py [--calls 500 --rounds 5]          # any machine: launches faked
-    PYTHONPATH=src python3 scripts/host_cost.py --gpu [--peers .peers] [--profile] # a GPU: real launches
+    PYTHONPATH=src python3 scripts/host_cost.py --gpu [--peers .peers] [--profile] [--parts]  # a GPU: real launches
 
 Faked (the default), every kernel launch is replaced by a fake compiled kernel, so what is timed is fp8mla's own
 Python: the checks, the buffers, the launch arguments and the launchers' cache keys (not Triton's launcher or the
 driver). With ``--gpu`` the launches are real: each decode path (cache format x q dtype x kernel), the metadata call,
 and with ``--peers`` FlashMLA dense FP8's call and schedule; ``--profile`` adds cProfile's top functions of one
-path. Prints µs per call, the best of the rounds.
+path; ``--parts`` what the fp8_rope_bf16 call of the last shape spends on each step (the output allocations, the
+checks, the launches). Prints µs per call, the best of the rounds.
 """
 import argparse
 import os
@@ -39,26 +40,18 @@ def fake_launches():
     from fp8mla.kernels import combine, launcher, planner, q_quant
     from fp8mla.kernels.hopper import launch
 
-    class FakeKernel:
-        function, packed_metadata = "function", "packed"
-
-        def launch_metadata(self, grid, stream, *params):
-            return None
-
-        def run(self, *args):
-            pass
-
     class FakeJit:
         def __init__(self, fn):
             self.arg_names = fn.arg_names
 
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: FakeKernel()
+            return lambda *args, **kwargs: None
 
     launcher._interpreting = lambda: False
     launcher._current_device = lambda: 0
     launcher._current_stream = lambda device: 0
     launcher._current_arch = lambda: 90
+    launcher.direct_launch = lambda kernel, params: lambda grid, stream, params: None
     kernels.hopper_unavailable = lambda device: None
     for launch_ in (launch._launch_fp8, launch._launch_small, launch._launch_bf16, combine._launch, q_quant._launch,
                     planner._launch):
@@ -100,6 +93,35 @@ def peer_calls(peers_dir, p):
             "FlashMLA metadata": lambda: ops.get_mla_decoding_metadata_dense_fp8(p.cache_seqlens, s_q * h_q, 1)}
 
 
+def print_parts(p, calls: int, rounds: int, sync) -> None:
+    """µs per call of each step of the fp8_rope_bf16 call on problem p."""
+    import torch
+
+    import fp8mla
+    from fp8mla import checks, kernels
+
+    b, s_q, h_q = p.shape
+    x = p.quantized("fp8_rope_bf16", False)
+    meta, splits = fp8mla.get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
+    out = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device=p.q.device)
+    lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=p.q.device)
+    args = (x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, meta, splits, None, True, None, None,
+            "fp8_rope_bf16")
+    call = checks.check_decode(*args, out, lse)
+    decoder = kernels.select(None, p.q.device, call.kv_format, call.rows)
+    steps = {"torch.empty(out)": lambda: torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device=p.q.device),
+             "torch.empty(lse)": lambda: torch.empty(b, h_q, s_q, dtype=torch.float32, device=p.q.device),
+             "check_decode (out, lse given)": lambda: checks.check_decode(*args, out, lse),
+             "kernels.select": lambda: kernels.select(None, p.q.device, call.kv_format, call.rows),
+             "launch_decode (q_quant, decode, combine)": lambda: kernels.launch_decode(decoder, call),
+             "whole call (out, lse given)": lambda: fp8mla.flash_mla_with_kvcache(
+                 *args[:7], causal=True, kv_format="fp8_rope_bf16", out=out, lse=lse),
+             "whole call": lambda: fp8mla.flash_mla_with_kvcache(*args[:7], causal=True, kv_format="fp8_rope_bf16")}
+    print(f"\n| b={b} s_q={s_q} h_q={h_q} fp8_rope_bf16: step | host µs/call |\n|---|---|")
+    for name, step in steps.items():
+        print(f"| {name} | {per_call(step, calls, rounds, sync):.1f} |", flush=True)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -108,6 +130,7 @@ def main():
     parser.add_argument("--gpu", action="store_true", help="real launches on the GPU")
     parser.add_argument("--peers", help="(with --gpu) folder with FlashMLA's binaries, to time its call too")
     parser.add_argument("--profile", action="store_true", help="(with --gpu) cProfile of the fp8_rope_bf16 path")
+    parser.add_argument("--parts", action="store_true", help="the fp8_rope_bf16 call's steps timed one by one")
     args = parser.parse_args()
     if args.gpu:
         import torch
@@ -124,12 +147,14 @@ def main():
             calls.update(peer_calls(args.peers, p))
         for name, call in calls.items():
             print(f"| {b} {s_q} {h_q} | {name} | {per_call(call, args.calls, args.rounds, sync):.1f} |", flush=True)
+        if args.parts and (b, s_q, h_q) == SHAPES[-1]:
+            print_parts(p, args.calls, args.rounds, sync)
         if args.profile and (b, s_q, h_q) == SHAPES[-1]:
             import cProfile
             import pstats
             call = calls["fp8_rope_bf16"]
             profile = cProfile.Profile()
-            profile.runcall(lambda: [call() for _ in range(args.calls)])
+            profile.runcall(per_call, call, args.calls, 1)   # (results dropped as they come, as in the timing)
             sync()
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
 

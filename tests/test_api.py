@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from fp8mla import flash_mla_with_kvcache, get_mla_metadata, hopper_available, quantize_kv_cache
+from fp8mla import checks, flash_mla_with_kvcache, get_mla_metadata, hopper_available, quantize_kv_cache
 from fp8mla.inputs import make_problem
 
 
@@ -52,6 +52,11 @@ def test_valid_call_runs(call):
     (lambda b: dict(softmax_scale=float("nan")), ValueError, "softmax_scale must be a positive"),
 ])
 def test_bad_inputs_raise_before_launch(call, change, error, match):
+    # the checks remember a signature that passed (here: the valid call's, as flash_mla_with_kvcache checks it);
+    # the bad call differs from it, so it is checked
+    b = call.base
+    checks.check_decode(b["q"], b["k_cache"], b["block_table"], b["cache_seqlens"], 512, b["tile_scheduler_metadata"],
+                        b["num_splits"], None, False, None, None, None, None, None)
     with pytest.raises(error, match=match):
         call(**change(call.base))
 

@@ -31,6 +31,7 @@ class DecodeCall(NamedTuple):
     descale_k: torch.Tensor | None
     softmax_scale: float
     causal: bool
+    signature: tuple | None = None   # what the checks and the kernels' specializations depend on (None: unknown)
 
     @property
     def rows(self) -> int:
@@ -77,9 +78,10 @@ def check_seqlens(cache_seqlens) -> None:
     check_tensor("cache_seqlens", cache_seqlens, (torch.int32,), dim=1)
 
 
-def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale, causal,
-                 descale_q, descale_k, kv_format, out, lse) -> DecodeCall:
-    """flash_mla_with_kvcache's arguments checked (see its docstring), as a DecodeCall."""
+def _check_arguments(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale, causal,
+                     descale_q, descale_k, kv_format, out, lse) -> tuple[str, float, bool]:
+    """Every check of check_decode's; returns what the call derives from its arguments: (kv_format, softmax_scale,
+    causal)."""
     # ---- shapes, dtypes, devices ----
     check_tensor("q", q, (torch.bfloat16, FP8_DTYPE), dim=4)
     b, s_q, h_q, d_qk = q.shape
@@ -142,17 +144,54 @@ def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_s
         raise ValueError(f"softmax_scale must be a positive number, got {softmax_scale}")
 
     # ---- outputs ----
-    if out is None:
-        out = torch.empty(b, s_q, h_q, D_LATENT, dtype=torch.bfloat16, device=device)
-    elif out.shape != (b, s_q, h_q, D_LATENT) or out.dtype != torch.bfloat16 or not out.is_contiguous() \
-            or out.device != device:
+    if out is not None and (out.shape != (b, s_q, h_q, D_LATENT) or out.dtype != torch.bfloat16
+                            or not out.is_contiguous() or out.device != device):
         raise ValueError(f"out must be a contiguous bf16 [{b}, {s_q}, {h_q}, {D_LATENT}] tensor on {device}")
-    if lse is None:
-        lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=device)
-    elif lse.shape != (b, h_q, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous() or lse.device != device:
+    if lse is not None and (lse.shape != (b, h_q, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous()
+                            or lse.device != device):
         raise ValueError(f"lse must be a contiguous fp32 [{b}, {h_q}, {s_q}] tensor on {device}")
+    return kv_format, softmax_scale, bool(causal)
+
+
+def _not_a_tensor():
+    raise TypeError   # an argument of another type than expected: checked in full, every call
+
+
+_checked: dict = {}   # signature -> (kv_format, softmax_scale, causal): the checks passed for it
+
+
+def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale, causal,
+                 descale_q, descale_k, kv_format, out, lse) -> DecodeCall:
+    """flash_mla_with_kvcache's arguments checked (see its docstring), as a DecodeCall (with out and lse allocated
+    where not given). The checks run once per *signature*, the arguments' dtypes, shapes, strides, devices and
+    alignments with the other arguments' values: a call of a signature that passed before only looks it up."""
+    try:
+        # what a check or a kernel's specialization may depend on in each tensor argument (inline: this runs on
+        # every call)
+        signature = (*[(t.dtype, t.shape, t.stride(), t.device, not t.data_ptr() & 15) if type(t) is torch.Tensor
+                       else type(t) if t is None or type(t) is MLASchedule else _not_a_tensor()
+                       for t in (q, k_cache, block_table, cache_seqlens, meta, num_splits, descale_q, descale_k, out,
+                                 lse)],
+                     head_dim_v, softmax_scale, causal, kv_format,
+                     q.is_cuda or interpreter_active())   # (CPU tensors are for the interpreter only)
+        facts = _checked.get(signature)
+    except TypeError:   # an argument of another type, or unhashable
+        signature = facts = None
+    if facts is None:
+        facts = _check_arguments(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits,
+                                 softmax_scale, causal, descale_q, descale_k, kv_format, out, lse)
+        if signature is not None:
+            if len(_checked) >= 256:
+                _checked.clear()
+            _checked[signature] = facts
+    kv_format, softmax_scale, causal = facts
+    b, s_q, h_q, _ = q.shape
+    if out is None:
+        out = torch.empty(b, s_q, h_q, D_LATENT, dtype=torch.bfloat16, device=q.device)
+    if lse is None:
+        lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     return DecodeCall(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, descale_q,
-                      descale_k, softmax_scale, bool(causal))
+                      descale_k, softmax_scale, causal, signature)
 
 
 def check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k) -> None:

@@ -32,15 +32,16 @@ def launch(kv_format, q_fp8, b=2, s_q=2, h_q=64, seqlens=(300, 70), scale=0.1):
     call = check_decode(x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, meta, num_splits, scale, True,
                         x["descale_q"], x["descale_k"], kv_format, None, None)
     o_part, lse_part = torch.empty(b + meta.shape[0], rows, 512), torch.empty(b + meta.shape[0], rows)
-    LAUNCH[decoder_for("hopper", kv_format, rows).name](call, o_part, lse_part)
-    return p, x, meta
+    LAUNCH[decoder_for("hopper", kv_format, rows).name](call, o_part, lse_part, None)
+    return p, x, meta, call
 
 
 @pytest.mark.parametrize("h_q,s_q", [(64, 2), (128, 4), (16, 1)])
 def test_bf16_cache_reaches_the_bf16_kernel(launches, h_q, s_q):
-    p, x, meta = launch("bf16", False, s_q=s_q, h_q=h_q)
+    p, x, meta, call = launch("bf16", False, s_q=s_q, h_q=h_q)
     ((name, grid, args, constexprs, options),) = launches
-    assert name == "hopper_bf16" and constexprs == dict(CAUSAL=True, ABLATE=0) and options == dict(num_warps=4)
+    assert name == "hopper_bf16" and constexprs == dict(CAUSAL=True, ABLATE=0)
+    assert options == dict(key=call.signature, site=None, num_warps=4)
     assert grid == (meta.shape[0], math.ceil(s_q * h_q / 64))
     q, lat, rope = args[0], args[4], args[5]
     assert q is x["q"] and (args[-2], args[-1]) == (h_q, s_q) and args[-3] == pytest.approx(0.1 * LOG2E.value)
@@ -51,7 +52,7 @@ def test_bf16_cache_reaches_the_bf16_kernel(launches, h_q, s_q):
 
 @pytest.mark.parametrize("kv_format,q_fp8", [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)])
 def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
-    p, x, meta = launch(kv_format, q_fp8)
+    p, x, meta, call = launch(kv_format, q_fp8)
     ((name, grid, args, constexprs, options),) = launches
     assert name == "hopper" and grid == (meta.shape[0], 2)
     assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ABLATE=0)
@@ -78,7 +79,7 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
 @pytest.mark.parametrize("s_q,h_q,rows", [(1, 16, 16), (2, 16, 32), (3, 8, 32), (1, 32, 32)])
 @pytest.mark.parametrize("kv_format,q_fp8", [("fp8_rope_bf16", False), ("fp8", True)])
 def test_few_query_rows_reach_the_small_rows_kernel(launches, kv_format, q_fp8, s_q, h_q, rows):
-    p, x, meta = launch(kv_format, q_fp8, s_q=s_q, h_q=h_q)
+    p, x, meta, call = launch(kv_format, q_fp8, s_q=s_q, h_q=h_q)
     ((name, grid, args, constexprs, options),) = launches
     assert name == "hopper_small" and grid == (meta.shape[0], 1) and args[0] is x["q"]   # quantized in the kernel
     assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ROWS=rows)

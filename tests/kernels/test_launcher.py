@@ -1,23 +1,18 @@
-"""CachedLauncher: Triton's launch the first time per specialization, the compiled kernel's launcher after."""
+"""CachedLauncher: Triton's launch the first time per specialization, the driver's launcher directly after
+(triton_compat.direct_launch, checked here against Triton's own launch path of the installed release)."""
 import pytest
 import torch
+import triton
 from triton import knobs
 
-from fp8mla.kernels import launcher
+from fp8mla.kernels import launcher, triton_compat
 from fp8mla.kernels.launcher import CachedLauncher
 
 
 class FakeKernel:
-    function, packed_metadata = "function", "packed"
-
+    """A compiled kernel whose direct launches are recorded."""
     def __init__(self):
         self.runs = []
-
-    def launch_metadata(self, grid, stream, *params):
-        return ("meta", grid, stream, len(params))
-
-    def run(self, *args):
-        self.runs.append(args)
 
 
 class FakeJit:
@@ -41,6 +36,8 @@ def fake(monkeypatch):
     monkeypatch.setattr(launcher, "_current_device", lambda: 0)
     monkeypatch.setattr(launcher, "_current_stream", lambda device: 7)
     monkeypatch.setattr(launcher, "_current_arch", lambda: 90)
+    monkeypatch.setattr(launcher, "direct_launch",
+                        lambda kernel, params: lambda grid, stream, params: kernel.runs.append((grid, stream, params)))
     fn = FakeJit()
     return fn, CachedLauncher(fn)
 
@@ -55,10 +52,29 @@ def test_second_launch_skips_triton_and_passes_every_parameter(fake):
     y = torch.ones(64)  # same dtype and alignment, another int with the same properties
     launch((5, 2), (y, 48, 0.25), dict(BLOCK=16), num_warps=4)
     assert len(fn.triton_launches) == 1
-    (run,) = kernel.runs
-    assert run[:9] == (5, 2, 1, 7, "function", "packed", ("meta", (5, 2, 1), 7, 4), knobs.runtime.launch_enter_hook,
-                       knobs.runtime.launch_exit_hook)
-    assert run[9:] == (y, 48, 0.25, 16)
+    assert kernel.runs == [((5, 2, 1), 7, (y, 48, 0.25, 16))]
+
+
+def test_a_key_from_the_caller_stands_for_the_arguments(fake):
+    fn, launch = fake
+    launch((1,), (torch.zeros(64), 32, 0.5), dict(BLOCK=16), key="call A")
+    launch((1,), (torch.zeros(64)[1:], 40, 0.5), dict(BLOCK=16), key="call A")   # trusted: not keyed again
+    assert len(fn.triton_launches) == 1
+    launch((1,), (torch.zeros(64), 32, 0.5), dict(BLOCK=16), key="call B")
+    assert len(fn.triton_launches) == 2
+
+
+def test_a_launch_hook_makes_every_launch_go_through_triton(fake):
+    fn, launch = fake
+    launch((1,), (torch.zeros(64), 32, 0.5), dict(BLOCK=16))
+    hook = lambda metadata: None  # noqa: E731
+    knobs.runtime.launch_enter_hook.add(hook)
+    try:
+        launch((1,), (torch.zeros(64), 32, 0.5), dict(BLOCK=16))
+    finally:
+        knobs.runtime.launch_enter_hook.remove(hook)
+    launch((1,), (torch.zeros(64), 32, 0.5), dict(BLOCK=16))
+    assert len(fn.triton_launches) == 2 and len(fn.triton_launches[0][3].runs) == 1
 
 
 @pytest.mark.parametrize("args,constexprs,options", [
@@ -134,3 +150,90 @@ def test_tensor_descriptor_specs_are_remembered_per_object(fake):
     narrow = TensorDescriptor.from_tensor(pages[:, :512], [32, 512], LAT_SMEM.value)
     launch((1,), (narrow, 32, 0.5), dict(BLOCK=16))
     assert len(fn.triton_launches) == 2 and launch._descriptors[id(narrow)][1] != kept[1]
+
+
+class FakeCudaUtils:
+    """The driver's utils, where the launch path encodes a TMA descriptor (no CUDA here)."""
+    def __init__(self):
+        self.encoded = []
+
+    def fill_tma_descriptor(self, *args):
+        self.encoded.append(args)
+        return ("tensor map", *args)
+
+    fill_tma_descriptor_tiled = fill_tma_descriptor   # (3.7's name on)
+
+
+@pytest.fixture
+def triton_launch_path(monkeypatch):
+    """Triton's own launch path of the installed release (its CudaLauncher.__call__ and descriptor wrapper) over a
+    recording driver launcher: returns (make_kernel(signature, tensordesc_meta), the recorded raw launches, the
+    recorded descriptor encodings)."""
+    from triton.backends.nvidia import driver as nvidia_driver
+    from triton.runtime import driver
+
+    utils = FakeCudaUtils()
+    fake_driver = type("FakeDriver", (), {"utils": utils})()
+    previous = driver._active
+    driver.set_active(fake_driver)
+    raw_launches = []
+
+    def make_kernel(signature, tensordesc_meta):
+        run = object.__new__(nvidia_driver.CudaLauncher)
+        run.launch = nvidia_driver.wrap_handle_tensordesc(lambda *args: raw_launches.append(args), signature,
+                                                          tensordesc_meta)
+        run.num_ctas, run.global_scratch_size, run.profile_scratch_size = 1, 0, 0
+        run.global_scratch_align = run.profile_scratch_align = 1
+        run.launch_cooperative_grid, run.launch_pdl = False, False
+        if tuple(int(v) for v in triton.__version__.split(".")[:2]) >= (3, 7):   # the shared launcher's inputs
+            run.arg_annotations, run.kernel_signature, run.gsan_enabled = "annotations", "signature", False
+        metadata = type("Metadata", (), {"tensordesc_meta": tensordesc_meta})()
+        return type("Kernel", (), {"run": run, "function": "function", "packed_metadata": (4, 1, 1024),
+                                   "metadata": metadata})()
+
+    yield make_kernel, raw_launches, utils.encoded
+    driver._active = previous
+
+
+def _descriptor(col=0):
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    from fp8mla.kernels.hopper.layouts import LAT_SMEM
+
+    pages = torch.zeros(256, 576, dtype=torch.uint8).view(torch.float8_e4m3fn)
+    return TensorDescriptor.from_tensor(pages[:, col:col + 512], [64, 512], LAT_SMEM.value)
+
+
+@pytest.mark.parametrize("with_descriptors", [False, True])
+def test_direct_launch_passes_the_driver_what_triton_passes(triton_launch_path, with_descriptors):
+    """The driver's launcher gets the same arguments from direct_launch as from the compiled kernel's run (Triton's
+    launch path, release by release); a descriptor is encoded once per object, not once per launch."""
+    make_kernel, raw_launches, encoded = triton_launch_path
+    x = torch.zeros(64)
+    if with_descriptors:
+        desc, other = _descriptor(), _descriptor(col=16)
+        signature = {"x": "*fp32", "lat": "tensordesc<fp8e4nv[64, 512]>", "n": "i32",
+                     "rope": "tensordesc<fp8e4nv[64, 512]>", "BLOCK": "constexpr"}
+        meta = [dict(swizzle=3, elem_size=1, elem_type=0, block_size=[64, 512], fp4_padded=False)] * 2
+        params = (x, desc, 32, other, 16)
+    else:
+        signature = {"x": "*fp32", "n": "i32", "scale": "fp32", "BLOCK": "constexpr"}
+        meta = None
+        params = (x, 32, 0.5, 16)
+    kernel = make_kernel(signature, meta)
+    kernel.run(5, 2, 1, 7, kernel.function, kernel.packed_metadata, None, None, None, *params)
+    go = triton_compat.direct_launch(kernel, params)
+    for _ in range(3):
+        go((5, 2, 1), 7, params)
+    assert len(raw_launches) == 4
+    through_triton, direct = raw_launches[0], raw_launches[1]
+    flat = lambda args: [list(a) if isinstance(a, (list, tuple)) else a for a in args]  # noqa: E731
+    assert flat(direct) == flat(through_triton)
+    assert all(flat(launch) == flat(direct) for launch in raw_launches[2:])
+    assert len(encoded) == (2 + 2 if with_descriptors else 0)   # Triton's launch: 2; direct: 2, then reused
+
+
+def test_direct_launch_leaves_kernels_with_scratch_memory_to_triton(triton_launch_path):
+    make_kernel, _, _ = triton_launch_path
+    kernel = make_kernel({"x": "*fp32", "BLOCK": "constexpr"}, None)
+    kernel.run.global_scratch_size = 128
+    assert triton_compat.direct_launch(kernel, (torch.zeros(4), 16)) is None

@@ -15,7 +15,7 @@ import triton.language as tl
 from .. import runtime
 from ..schedule import combine_plan
 from .constants import D_LATENT, PAGE_SIZE
-from .launcher import CachedLauncher
+from .launcher import ASK, CachedLauncher
 
 
 @triton.jit
@@ -79,9 +79,9 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
 _launch = CachedLauncher(mla_combine_kernel)
 
 
-def launch_combine(out, lse, o_part, lse_part, num_splits, cache_seqlens, max_pages):
+def launch_combine(out, lse, o_part, lse_part, num_splits, cache_seqlens, max_pages, key=None, site=ASK):
     b, s_q, h_q, _ = out.shape
     parts = o_part.shape[0] - b   # o_part has b + parts rows
     row_blocks, slices, consts = combine_plan(b, s_q * h_q, parts, runtime.sm_count(out.device))
     _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, cache_seqlens, max_pages, h_q, s_q),
-            consts, num_warps=4)
+            consts, key=key, site=site, num_warps=4)

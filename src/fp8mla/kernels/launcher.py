@@ -5,9 +5,11 @@ kernel read (the Gluon kernels read ~30 module-level constexprs) on every call: 
 the H200 machine's CPU, which made one eager decode call cost 150-350 µs of host time against the GPU's ~220 µs
 (BENCHMARKS.md). ``CachedLauncher`` launches through Triton the first time it sees a *specialization key*, built
 here from the argument properties Triton specializes on (dtypes; pointers 16-byte aligned or not; ints equal to
-1, divisible by 16, 64-bit; tensor descriptors' dtype, block, layout, shape and strides), and afterwards calls the
-compiled kernel's own launcher. The key is never coarser than Triton's, so a launch with different properties
-compiles (or looks up) its own kernel through Triton as before.
+1, divisible by 16, 64-bit; tensor descriptors' dtype, block, layout, shape and strides), or given by the caller
+(one key for a whole call's launches), and afterwards calls the driver's launcher directly
+(``triton_compat.direct_launch``: no Python of Triton's between, TMA descriptors encoded once). The key is never
+coarser than Triton's, so a launch with different properties compiles (or looks up) its own kernel through Triton
+as before.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from triton import knobs
 from triton.runtime import driver
 
 from ..runtime import interpreter_active
-from .triton_compat import COMPILE_OPTIONS, compiling_for
+from .triton_compat import COMPILE_OPTIONS, compiling_for, direct_launch, hooked
 
 
 # what Triton may specialize an argument of these exact types on (or more)
@@ -68,6 +70,9 @@ def _current_stream(device: int) -> int:
     return driver.active.get_current_stream(device)   # Triton's own (a raw handle, no torch Stream object)
 
 
+ASK = object()   # CachedLauncher's site argument when the caller has none
+
+
 class CachedLauncher:
     """``launcher(grid, args, constexprs, **options)`` = ``fn[grid](*args, **constexprs, **options)``, the compiled
     kernel reused for arguments of the same specialization on the same (current) device. The kernel's constexpr
@@ -102,42 +107,67 @@ class CachedLauncher:
                 key.append(_spec(arg))
         return tuple(key)
 
-    def __call__(self, grid, args: tuple, constexprs: dict, **options):
-        if _interpreting():  # the interpreter compiles nothing (and has defects: interpreter.py)
-            from . import interpreter
-            interpreter.apply()
-            self.fn[grid](*args, **constexprs, **options)
-            return
-        device = _current_device()
-        key = (device, self._key(args), tuple(constexprs.items()), tuple(options.items()))
-        kernel = self.kernels.get(key)
-        if kernel is None:
+    def __call__(self, grid, args: tuple, constexprs: dict, key=None, site=ASK, **options):
+        """``key``, where the caller has one, stands for ``self._key(args)``: a hashable value that determines
+        every property of ``args`` Triton specializes on (e.g. checks.DecodeCall.signature, which holds every
+        tensor's dtype, shape, strides and alignment). ``site``: ``launch_site()``, where the caller launches
+        several kernels (asked here otherwise)."""
+        if site is ASK:
+            site = launch_site()
+        if site is None:
+            if _interpreting():  # the interpreter compiles nothing (and has defects: interpreter.py)
+                from . import interpreter
+                interpreter.apply()
+                self.fn[grid](*args, **constexprs, **options)
+                return
+            site = (_current_device(), None)   # a launch hook: every launch through Triton, which calls it
+        device, stream = site
+        key = (device, self._key(args) if key is None else key, tuple(constexprs.items()), tuple(options.items()))
+        go = self.kernels.get(key)
+        params = (*args, *constexprs.values())
+        if go is None or stream is None:
             if tuple(self.fn.arg_names[len(args):]) != tuple(constexprs):
                 raise TypeError(f"{self.fn.arg_names} do not end with the constexprs {tuple(constexprs)}")
             with compiling_for(_current_arch()):
-                self.kernels[key] = self.fn[grid](*args, **constexprs, **COMPILE_OPTIONS, **options)
+                kernel = self.fn[grid](*args, **constexprs, **COMPILE_OPTIONS, **options)
+            if go is None:
+                self.kernels[key] = direct_launch(kernel, params) or _triton_launch(kernel)
             return
-        grid = (*grid, 1, 1)[:3]
-        stream = _current_stream(device)
-        params = (*args, *constexprs.values())
+        go((*grid, 1, 1)[:3], stream, params)
+
+
+def launch_site() -> tuple[int, int] | None:
+    """(current device, its current stream), where our launches go, asked once for the launches of one call; None
+    where they must go through Triton: in the interpreter, and while a launch hook (a profiler's) is set."""
+    if _interpreting() or hooked():
+        return None
+    device = _current_device()
+    return device, _current_stream(device)
+
+
+def _triton_launch(kernel):
+    """``go(grid, stream, params)`` through the compiled kernel's own launcher (where direct_launch cannot)."""
+    def go(grid, stream, params):
         metadata = kernel.launch_metadata(grid, stream, *params)
         kernel.run(*grid, stream, kernel.function, kernel.packed_metadata, metadata, knobs.runtime.launch_enter_hook,
                    knobs.runtime.launch_exit_hook, *params)
+    return go
 
 
 _scratch: dict = {}
 
 
-def scratch(shape: tuple, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A buffer for what the kernels of one call hand each other (split results, a quantized q), reused by later
-    calls on the same stream: their kernels run after this call's, so they never overwrite it early. Under CUDA-graph
-    capture (whose graph keeps what it captured) and on the CPU it is a new one each time."""
+def scratch(device: torch.device, *specs: tuple[tuple, torch.dtype]) -> tuple[torch.Tensor, ...]:
+    """Buffers of the given (shape, dtype)s for what the kernels of one call hand each other (split results, a
+    quantized q), reused by later calls on the same stream: their kernels run after this call's, so they never
+    overwrite them early. Under CUDA-graph capture (whose graph keeps what it captured) and on the CPU they are new
+    ones each time."""
     if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
-        return torch.empty(shape, dtype=dtype, device=device)
-    key = (_current_stream(device.index), shape, dtype)
-    buffer = _scratch.get(key)
-    if buffer is None:
+        return tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs)
+    key = (_current_stream(device.index), specs)
+    buffers = _scratch.get(key)
+    if buffers is None:
         if len(_scratch) >= 64:   # (a freed buffer goes back to torch's allocator, for this stream's later work)
             _scratch.clear()
-        buffer = _scratch[key] = torch.empty(shape, dtype=dtype, device=device)
-    return buffer
+        buffers = _scratch[key] = tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs)
+    return buffers

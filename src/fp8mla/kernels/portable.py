@@ -191,7 +191,7 @@ def block_m_for(rows: int) -> int:
 _launch = CachedLauncher(mla_decode_split_kernel)
 
 
-def launch_portable(call, o_part, lse_part):
+def launch_portable(call, o_part, lse_part, site):
     q = call.q
     _, s_q, h_q, _ = q.shape
     block_m = block_m_for(call.rows)
@@ -207,4 +207,4 @@ def launch_portable(call, o_part, lse_part):
                    h_q, s_q),
             dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=q.dtype != call.out.dtype, CAUSAL=call.causal,
                  BLOCK_M=block_m),
-            num_warps=8 if block_m == 64 else 4, num_stages=1)
+            key=call.signature, site=site, num_warps=8 if block_m == 64 else 4, num_stages=1)

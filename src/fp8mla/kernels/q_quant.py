@@ -20,7 +20,7 @@ import triton.language as tl
 
 from .. import formats
 from .constants import D_LATENT, D_ROPE, FP8_MAX
-from .launcher import CachedLauncher, scratch
+from .launcher import ASK, CachedLauncher, scratch
 
 BLOCK_ROWS = tl.constexpr(16)
 
@@ -66,17 +66,17 @@ def quantize_q_kernel(q_ptr, stride_qb, stride_qs, stride_qh, packed_ptr, row_by
 _launch = CachedLauncher(quantize_q_kernel)
 
 
-def quantize_q(q: torch.Tensor, rope_fp8: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_q(q: torch.Tensor, rope_fp8: bool, key=None, site=ASK) -> tuple[torch.Tensor, torch.Tensor]:
     """q [b, s_q, h_q, 576] bf16 -> (packed rows [b, s_q, h_q, 576 or 640] e4m3: the latent part, then the
-    RoPE part, e4m3 (rope_fp8) or its bf16 bytes; each row's descale [b * s_q * h_q] fp32)."""
+    RoPE part, e4m3 (rope_fp8) or its bf16 bytes; each row's descale [b * s_q * h_q] fp32). ``key``, ``site``:
+    the launcher's (launcher.CachedLauncher)."""
     b, s_q, h_q, _ = q.shape
     n_rows = b * s_q * h_q
     width = formats.D_LATENT + formats.D_ROPE * (1 if rope_fp8 else 2)
-    packed = scratch((b, s_q, h_q, width), torch.float8_e4m3fn, q.device)
-    descale = scratch((n_rows,), torch.float32, q.device)
+    packed, descale = scratch(q.device, ((b, s_q, h_q, width), torch.float8_e4m3fn), ((n_rows,), torch.float32))
     stride_b, stride_s, stride_h, _ = q.stride()
     # (-(-n // m): triton.cdiv is a ConstexprFunction, ~2 us a call on the host)
     _launch((-(-n_rows // BLOCK_ROWS.value),),
             (q, stride_b, stride_s, stride_h, packed, width, descale, n_rows, s_q, h_q), dict(ROPE_FP8=rope_fp8),
-            num_warps=4)
+            key=key, site=site, num_warps=4)
     return packed, descale

@@ -114,3 +114,72 @@ def compiling_for(arch: int):
     with knobs.nvidia.scope():
         knobs.nvidia.ptxas_blackwell = path   # what Triton 3.9 runs for sm_90 and newer
         yield
+
+
+# ---- a compiled kernel's launch without Triton's per-launch Python ----
+def _raw_launcher(launch):
+    """The driver's launcher under the wrapper that expands TMA descriptors (the wrapper itself where a kernel
+    takes none): every release from 3.6 on wraps it in a closure over ``launcher``."""
+    code = getattr(launch, "__code__", None)
+    if code is None or "launcher" not in code.co_freevars:
+        return launch
+    return launch.__closure__[code.co_freevars.index("launcher")].cell_contents
+
+
+def direct_launch(kernel, params: tuple):
+    """``go(grid, stream, params)`` launching ``kernel`` (a CompiledKernel) as ``kernel.run`` would, for parameters
+    typed like ``params``, or None where Triton's own path must run (scratch memory, sanitizers). What ``kernel.run``
+    redoes at every launch is done once here: each TMA descriptor is expanded into the driver's arguments (its
+    encoded tensor map, shape, strides) once per descriptor object, and the launch hooks (profilers) are asked for
+    by the caller (``hooked``)."""
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    run = kernel.run
+    if run.global_scratch_size or run.profile_scratch_size or getattr(run, "gsan_enabled", False):
+        return None
+    raw = _raw_launcher(run.launch)
+    make_arg = nvidia_driver.make_tensordesc_arg   # (arg, metadata), from 3.8 on (arg, metadata, base args)
+    takes_base = make_arg.__code__.co_argcount == 3
+    metas = list(getattr(kernel.metadata, "tensordesc_meta", None) or ())
+    where = [i for i, p in enumerate(params) if hasattr(p, "block_shape")]
+    metas += [None] * (len(where) - len(metas))
+    expanded: dict = {}   # (position, id) -> (descriptor, its driver arguments)
+
+    def expand(position, desc, meta):
+        known = expanded.get((position, id(desc)))
+        if known is None or known[0] is not desc:   # (an id is only reused once its object is gone)
+            if len(expanded) > 256:
+                expanded.clear()
+            known = expanded[(position, id(desc))] = (
+                desc, tuple(make_arg(desc, meta, ()) if takes_base else make_arg(desc, meta)))
+        return known[1]
+
+    def flat(params):
+        if not where:
+            return params
+        out = list(params[:where[0]])
+        for n, i in enumerate(where):
+            out += expand(i, params[i], metas[n])
+            out += params[i + 1:where[n + 1] if n + 1 < len(where) else len(params)]
+        return out
+
+    head = (run.launch_cooperative_grid, run.launch_pdl)
+    if hasattr(run, "kernel_signature"):   # 3.7 on: one launcher for all kernels, the arguments as a sequence
+        tail = (None, None, run.arg_annotations, run.kernel_signature)
+
+        def go(grid, stream, params):
+            raw(*grid, stream, kernel.function, *head, kernel.packed_metadata, None, None, None, *tail, flat(params))
+    else:   # 3.6: a launcher compiled for this kernel's signature, the arguments flat
+        def go(grid, stream, params):
+            raw(*grid, stream, kernel.function, *head, None, None, kernel.packed_metadata, None, None, None,
+                *flat(params))
+    return go
+
+
+def _active(hook) -> bool:
+    return hook is not None and bool(getattr(hook, "calls", True))   # (an empty HookChain calls nothing)
+
+
+def hooked() -> bool:
+    """Whether a launch hook (a profiler's) is set: then launches take Triton's own path, which calls it."""
+    return _active(knobs.runtime.launch_enter_hook) or _active(knobs.runtime.launch_exit_hook)

@@ -72,33 +72,34 @@ def _fp8_constexprs(call) -> dict:
     return dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != torch.bfloat16, CAUSAL=call.causal)
 
 
-def launch_fp8(call, o_part, lse_part):
+def launch_fp8(call, o_part, lse_part, site):
     """fp8.py's kernel: 64 query rows a CTA; a bf16 q is quantized first (q_quant.py: packed rows, a scale per
     row)."""
     q, descale_q = call.q, call.descale_q
     if q.dtype == torch.bfloat16:
-        q, descale_q = quantize_q(q, rope_fp8=call.kv_format == "fp8")
-    _launch_fp8((call.meta.shape[0], -(-call.rows // BLOCK_M)), _fp8_args(call, q, descale_q, o_part, lse_part),
-                {**_fp8_constexprs(call), "ABLATE": ABLATE}, num_warps=4)
+        q, descale_q = quantize_q(q, rope_fp8=call.kv_format == "fp8", key=call.signature, site=site)
+    _launch_fp8((call.meta.shape[0], -(-call.rows // BLOCK_M.value)), _fp8_args(call, q, descale_q, o_part, lse_part),
+                {**_fp8_constexprs(call), "ABLATE": ABLATE}, key=call.signature, site=site, num_warps=4)
 
 
-def launch_small(call, o_part, lse_part):
+def launch_small(call, o_part, lse_part, site):
     """small.py's kernel: the call's (at most 32) query rows in one CTA per part, as the wgmma's N."""
     _launch_small((call.meta.shape[0], 1), _fp8_args(call, call.q, call.descale_q, o_part, lse_part),
-                  {**_fp8_constexprs(call), "ROWS": rows_per_cta(call.rows)}, num_warps=4)
+                  {**_fp8_constexprs(call), "ROWS": rows_per_cta(call.rows)}, key=call.signature, site=site,
+                  num_warps=4)
 
 
-def launch_bf16(call, o_part, lse_part):
+def launch_bf16(call, o_part, lse_part, site):
     """bf16.py's kernel: 64 query rows a CTA."""
     q = call.q
     _, s_q, h_q, _ = q.shape
     lat_desc, rope_desc, _ = cache_descriptors(call.k_cache, call.kv_format)
-    _launch_bf16((call.meta.shape[0], -(-call.rows // BLOCK_M)),
+    _launch_bf16((call.meta.shape[0], -(-call.rows // BLOCK_M.value)),
                  (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, call.block_table,
                   call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0], call.cache_seqlens,
                   call.meta, call.num_splits,
                   call.out, call.lse, o_part, lse_part, call.softmax_scale * LOG2E.value, h_q, s_q),
-                 dict(CAUSAL=call.causal, ABLATE=ABLATE), num_warps=4)
+                 dict(CAUSAL=call.causal, ABLATE=ABLATE), key=call.signature, site=site, num_warps=4)
 
 
 LAUNCH = {"hopper": launch_fp8, "hopper_small": launch_small, "hopper_bf16": launch_bf16}
