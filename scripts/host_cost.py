@@ -117,6 +117,26 @@ def print_parts(p, calls: int, rounds: int, sync) -> None:
              "whole call (out, lse given)": lambda: fp8mla.flash_mla_with_kvcache(
                  *args[:7], causal=True, kv_format="fp8_rope_bf16", out=out, lse=lse),
              "whole call": lambda: fp8mla.flash_mla_with_kvcache(*args[:7], causal=True, kv_format="fp8_rope_bf16")}
+    if decoder.name == "hopper":   # the 64-row kernel's launch alone, its arguments ready (as launch_fp8 has them)
+        from fp8mla.kernels import launcher
+        from fp8mla.kernels.hopper import launch as hopper_launch
+        from fp8mla.kernels.q_quant import quantize_q
+
+        site = launcher.launch_site()
+        q8, descale = quantize_q(call.q, rope_fp8=False, key=call.signature, site=site)
+        o_part, lse_part = launcher.scratch(p.q.device, ((b + meta.shape[0], s_q * h_q, 512), torch.bfloat16),
+                                           ((b + meta.shape[0], s_q * h_q), torch.float32))
+        decode_args = hopper_launch._fp8_args(call, q8, descale, o_part, lse_part)
+        constexprs = {**hopper_launch._fp8_constexprs(call), "ABLATE": 0}
+        grid = (meta.shape[0], -(-s_q * h_q // 64))
+        cached = hopper_launch._launch_fp8
+        steps["launcher.launch_site()"] = launcher.launch_site
+        steps["decode launch: CachedLauncher"] = lambda: cached(grid, decode_args, constexprs, key=call.signature,
+                                                                site=site, num_warps=4)
+        cached(grid, decode_args, constexprs, key=call.signature, site=site, num_warps=4)
+        go = next(go for key, go in cached.kernels.items() if key[1] == call.signature)
+        params = (*decode_args, *constexprs.values())
+        steps["decode launch: the driver's launcher (direct_launch)"] = lambda: go((*grid, 1), site[1], params)
     print(f"\n| b={b} s_q={s_q} h_q={h_q} fp8_rope_bf16: step | host µs/call |\n|---|---|")
     for name, step in steps.items():
         print(f"| {name} | {per_call(step, calls, rounds, sync):.1f} |", flush=True)
