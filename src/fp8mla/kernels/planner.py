@@ -199,10 +199,11 @@ _launch = CachedLauncher(plan_kernel)
 def launch_plan(cache_seqlens: torch.Tensor, c: Cut) -> tuple[torch.Tensor, torch.Tensor]:
     """(metadata [c.parts, 8] int32, num_splits [b + 1] int32) of a non-empty batch, by one launch."""
     b = cache_seqlens.shape[0]
-    width = METADATA_WIDTH.value
-    both = torch.empty(c.parts * width + b + 1, dtype=torch.int32, device=cache_seqlens.device)   # one allocation
-    meta, num_splits = both[:c.parts * width].view(c.parts, width), both[c.parts * width:]
+    meta = torch.empty(c.parts, METADATA_WIDTH.value, dtype=torch.int32, device=cache_seqlens.device)
+    num_splits = torch.empty(b + 1, dtype=torch.int32, device=cache_seqlens.device)
     block_p = max(16, 1 << c.parts.bit_length())   # >= parts + 1
+    # the launch key: every int argument's value, cache_seqlens' alignment (its dtype is checked; the outputs are new)
     _launch((1,), (cache_seqlens, meta, num_splits, b, c.parts, c.most, c.step, c.combine),
-            dict(STEPS=c.steps, ALIGN=c.align, BLOCK_P=block_p), num_warps=8)
+            dict(STEPS=c.steps, ALIGN=c.align, BLOCK_P=block_p), key=(not cache_seqlens.data_ptr() & 15, b, c),
+            num_warps=8)
     return meta, num_splits
