@@ -5,10 +5,10 @@
 
 Faked (the default), every kernel launch is replaced by a fake compiled kernel, so what is timed is fp8mla's own
 Python: the checks, the buffers, the launch arguments and the launchers' cache keys (not Triton's launcher or the
-driver). With ``--gpu`` the launches are real: each decode path (cache format x q dtype x kernel), the metadata call,
-and with ``--peers`` FlashMLA dense FP8's call and schedule; ``--profile`` adds cProfile's top functions of one
-path; ``--parts`` what the fp8_rope_bf16 call of the last shape spends on each step (the output allocations, the
-checks, the launches). Prints µs per call, the best of the rounds.
+driver; scratch buffers kept as on a GPU). With ``--gpu`` the launches are real: each decode path (cache format x q
+dtype x kernel), the metadata call, and with ``--peers`` FlashMLA dense FP8's call and schedule; ``--profile`` adds
+cProfile's top functions of one path; ``--parts`` what the fp8_rope_bf16 call of the last shape spends on each step
+(the output allocations, the checks, the launches). Prints µs per call, the best of the rounds.
 """
 import argparse
 import os
@@ -36,6 +36,8 @@ def per_call(fn, calls: int, rounds: int, sync=lambda: None) -> float:
 
 def fake_launches():
     """Every kernel launch replaced by a fake compiled kernel (on any machine, CPU tensors)."""
+    import torch
+
     from fp8mla import kernels
     from fp8mla.kernels import combine, launcher, planner, q_quant
     from fp8mla.kernels.hopper import launch
@@ -53,6 +55,9 @@ def fake_launches():
     launcher._current_arch = lambda: 90
     launcher.direct_launch = lambda kernel, params: lambda grid, stream, params: None
     kernels.hopper_unavailable = lambda device: None
+    kept = {}   # scratch buffers kept per shape, as on a GPU's stream (new CPU ones would time the CPU's allocator)
+    launcher.scratch = q_quant.scratch = lambda device, *specs: kept.get(specs) or kept.setdefault(
+        specs, tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs))
     for launch_ in (launch._launch_fp8, launch._launch_small, launch._launch_bf16, combine._launch, q_quant._launch,
                     planner._launch):
         launch_.fn = FakeJit(launch_.fn)

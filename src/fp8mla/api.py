@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from . import checks
+from . import checks, kernels   # (kernels/__init__ imports no Triton: __main__ may still switch the interpreter on)
 from .formats import D_LATENT, D_ROPE
 from .runtime import interpreter_active
 from .schedule import MLASchedule, cut, plan
@@ -75,8 +75,6 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         nothing is read outside its tensors.
     A request with seqlen 0 (or a query row that sees no key) gets out 0 and lse +inf.
     """
-    from . import kernels
-
     call = checks.check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                                num_splits, softmax_scale, causal, descale_q, descale_k, kv_format, out, lse)
     decoder = kernels.select(backend, q.device, call.kv_format, call.rows)
@@ -125,8 +123,6 @@ def write_kv_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, k_cache: torch.Tensor
 
 def hopper_available(device: torch.device) -> bool:
     """True where the Gluon sm_90a kernels can run: an sm_90 GPU and a Triton whose Gluon has what they use."""
-    from . import kernels
-
     return kernels.hopper_unavailable(torch.device(device)) is None
 
 

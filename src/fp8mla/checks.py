@@ -8,6 +8,7 @@ table or a schedule that does not cover a request's pages makes that request's o
 """
 from __future__ import annotations
 
+import itertools
 from typing import NamedTuple
 
 import torch
@@ -31,7 +32,9 @@ class DecodeCall(NamedTuple):
     descale_k: torch.Tensor | None
     softmax_scale: float
     causal: bool
-    signature: tuple | None = None   # what the checks and the kernels' specializations depend on (None: unknown)
+    # a number standing for the call's signature, what the checks and the kernels' specializations depend on (equal
+    # signatures, equal numbers, while check_decode remembers them); None: unknown
+    signature: int | None = None
 
     @property
     def rows(self) -> int:
@@ -157,14 +160,17 @@ def _not_a_tensor():
     raise TypeError   # an argument of another type than expected: checked in full, every call
 
 
-_checked: dict = {}   # signature -> (kv_format, softmax_scale, causal): the checks passed for it
+_checked: dict = {}   # signature -> ((kv_format, softmax_scale, causal), its number): the checks passed for it
+_numbers = itertools.count()   # (never reused: a forgotten signature comes back under a new number)
 
 
 def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale, causal,
                  descale_q, descale_k, kv_format, out, lse) -> DecodeCall:
     """flash_mla_with_kvcache's arguments checked (see its docstring), as a DecodeCall (with out and lse allocated
     where not given). The checks run once per *signature*, the arguments' dtypes, shapes, strides, devices and
-    alignments with the other arguments' values: a call of a signature that passed before only looks it up."""
+    alignments with the other arguments' values: a call of a signature that passed before only looks it up. The
+    DecodeCall carries a number for the signature, which the launchers take as their key (hashed at once, where the
+    signature is a tuple of ~60 values)."""
     try:
         # what a check or a kernel's specialization may depend on in each tensor argument (inline: this runs on
         # every call)
@@ -174,24 +180,24 @@ def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_s
                                  lse)],
                      head_dim_v, softmax_scale, causal, kv_format,
                      q.is_cuda or interpreter_active())   # (CPU tensors are for the interpreter only)
-        facts = _checked.get(signature)
+        known = _checked.get(signature)
     except TypeError:   # an argument of another type, or unhashable
-        signature = facts = None
-    if facts is None:
-        facts = _check_arguments(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits,
-                                 softmax_scale, causal, descale_q, descale_k, kv_format, out, lse)
+        signature = known = None
+    if known is None:
+        known = (_check_arguments(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale,
+                                  causal, descale_q, descale_k, kv_format, out, lse), None)
         if signature is not None:
             if len(_checked) >= 256:
                 _checked.clear()
-            _checked[signature] = facts
-    kv_format, softmax_scale, causal = facts
+            known = _checked[signature] = (known[0], next(_numbers))
+    (kv_format, softmax_scale, causal), number = known
     b, s_q, h_q, _ = q.shape
     if out is None:
         out = torch.empty(b, s_q, h_q, D_LATENT, dtype=torch.bfloat16, device=q.device)
     if lse is None:
         lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     return DecodeCall(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, descale_q,
-                      descale_k, softmax_scale, causal, signature)
+                      descale_k, softmax_scale, causal, number)
 
 
 def check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k) -> None:

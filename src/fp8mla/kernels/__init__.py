@@ -104,27 +104,30 @@ def partial_dtype(kv_format: str) -> torch.dtype:
 
 
 @functools.lru_cache(maxsize=None)
-def _launch_function(decoder: Decoder):
-    """The host function that launches ``decoder``'s kernel (hopper's imported only where it is used)."""
+def _launch_functions(decoder: Decoder):
+    """(the host function that launches ``decoder``'s kernel, the combine's, launcher.launch_site,
+    launcher.scratch): Triton and the kernel modules are imported on first use (__main__ may switch the interpreter
+    on before), hopper's only where it is used."""
+    from .combine import launch_combine
+    from .launcher import launch_site, scratch
+
     if decoder.backend == "hopper":
         from . import hopper
-        return hopper.LAUNCH[decoder.name]
-    from .portable import launch_portable
-    return launch_portable
+        launch = hopper.LAUNCH[decoder.name]
+    else:
+        from .portable import launch_portable as launch
+    return launch, launch_combine, launch_site, scratch
 
 
 def launch_decode(decoder: Decoder, call) -> None:
     """The decode kernel ``decoder`` over ``call`` (a checks.DecodeCall), then the combine of its split requests."""
-    # (Triton and the kernel modules are imported on first use: __main__ may switch the interpreter on before)
-    from .combine import launch_combine
-    from .launcher import launch_site, scratch
-
+    launch, launch_combine, launch_site, scratch = _launch_functions(decoder)
     b, s_q, h_q, _ = call.q.shape
     # every part adds at most one split beyond the first of each request
     max_splits = b + call.meta.shape[0]
     o_part, lse_part = scratch(call.q.device, ((max_splits, s_q * h_q, D_LATENT), partial_dtype(call.kv_format)),
                                ((max_splits, s_q * h_q), torch.float32))
     site = launch_site()
-    _launch_function(decoder)(call, o_part, lse_part, site)
+    launch(call, o_part, lse_part, site)
     launch_combine(call.out, call.lse, o_part, lse_part, call.num_splits, call.cache_seqlens,
                    call.block_table.shape[1], key=call.signature, site=site)

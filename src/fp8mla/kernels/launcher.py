@@ -109,8 +109,8 @@ class CachedLauncher:
 
     def __call__(self, grid, args: tuple, constexprs: dict, key=None, site=ASK, **options):
         """``key``, where the caller has one, stands for ``self._key(args)``: a hashable value that determines
-        every property of ``args`` Triton specializes on (e.g. checks.DecodeCall.signature, which holds every
-        tensor's dtype, shape, strides and alignment). ``site``: ``launch_site()``, where the caller launches
+        every property of ``args`` Triton specializes on (e.g. checks.DecodeCall.signature, the number of a
+        signature that holds every tensor's dtype, shape, strides and alignment). ``site``: ``launch_site()``, where the caller launches
         several kernels (asked here otherwise)."""
         if site is ASK:
             site = launch_site()
