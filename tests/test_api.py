@@ -179,3 +179,17 @@ def test_an_sm90_gpu_on_the_portable_kernel_says_why_once(monkeypatch):
     finally:
         kernels._hopper_unavailable.cache_clear()
         kernels._warn_portable_on_hopper.cache_clear()
+
+
+def test_a_signature_gets_one_number_and_another_signature_another(call):
+    """check_decode's number for a call's signature (the launchers' key): equal for calls that differ in data only,
+    different where a check or a kernel's specialization could differ (here: q not 16-byte aligned)."""
+    b = call.base
+    args = (b["k_cache"], b["block_table"], b["cache_seqlens"], 512, b["tile_scheduler_metadata"], b["num_splits"],
+            None, False, None, None, None, None, None)
+    first = checks.check_decode(b["q"], *args).signature
+    again = checks.check_decode(b["q"].clone(), *args).signature
+    padded = torch.empty(b["q"].numel() + 8, dtype=b["q"].dtype, device=b["q"].device)
+    unaligned = padded[1:b["q"].numel() + 1].view(b["q"].shape)
+    other = checks.check_decode(unaligned, *args).signature
+    assert first is not None and first == again and other not in (None, first)
