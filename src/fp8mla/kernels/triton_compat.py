@@ -14,6 +14,9 @@ same code):
 backend choice asks it rather than a version string. ``sm90_ptxas()`` picks the ptxas for sm_90a: Triton 3.9
 compiles sm_90 with its ptxas 13.4, whose register allocation spills in five of these kernels where ptxas 12.x and
 13.0 keep everything in registers; the same wheel ships ptxas 12.9, used instead for our kernels only.
+``direct_launch`` calls the driver's launcher as each release's own launch path does (3.6: a launcher compiled per
+kernel, its arguments flat; 3.7 on: one launcher, the arguments as a sequence with their annotations), which
+tests/kernels/test_launcher.py checks against the installed release.
 """
 from __future__ import annotations
 
