@@ -126,6 +126,7 @@ def time_variants(variants, rounds: int, timed=TIMED, paths=PATHS[:3]) -> None:
             calls = {name: v.decode_call(p, kv_format, q_fp8, True) for name, v in variants.items()}
             for call in calls.values():
                 call()
+            torch.cuda.synchronize()   # do_bench_cudagraph runs on a stream of its own, which waits for nothing
             times, medians = alternating_medians(calls, rounds)
             label = f"b={b} s_q={s_q} h_q={h_q} {kv_format}{' (e4m3 q)' if q_fp8 else ''}"
             print(f"time {label}: " + "; ".join(f"[{n}] " + " ".join(f"{t:.1f}" for t in ts)

@@ -216,6 +216,7 @@ def gpu_timer(warmup: int, rep: int) -> Callable[[Callable], dict]:
     import triton.testing
 
     def timer(fn):
+        torch.cuda.synchronize()   # do_bench_cudagraph runs on a stream of its own, which waits for nothing
         graph = triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
         eager = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
         return dict(ms=graph, eager_ms=eager, host_us=host_time(fn))
