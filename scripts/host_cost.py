@@ -8,7 +8,8 @@ Python: the checks, the buffers, the launch arguments and the launchers' cache k
 driver; scratch buffers kept as on a GPU). With ``--gpu`` the launches are real: each decode path (cache format x q
 dtype x kernel), the metadata call, and with ``--peers`` FlashMLA dense FP8's call and schedule; ``--profile`` adds
 cProfile's top functions of one path; ``--parts`` what the fp8_rope_bf16 call of the last shape spends on each step
-(the output allocations, the checks, the launches). Prints µs per call, the best of the rounds.
+(the output allocations, the checks, the launches; the decode launch alone, its tensors passed as addresses and as
+objects). Prints µs per call, the best of the rounds.
 """
 import argparse
 import os
@@ -142,6 +143,13 @@ def print_parts(p, calls: int, rounds: int, sync) -> None:
         go = next(go for key, go in cached.kernels.items() if key[1] == call.signature)
         params = (*decode_args, *constexprs.values())
         steps["decode launch: the driver's launcher (direct_launch)"] = lambda: go((*grid, 1), site[1], params)
+        # the same with tensors passed as objects (Triton's own way: the launcher asks the driver about each)
+        with launcher.compiling_for(launcher._current_arch()):
+            kernel = cached.fn[grid](*decode_args, **constexprs, **launcher.COMPILE_OPTIONS, num_warps=4)
+        as_objects = launcher.direct_launch(kernel, tuple(object() if isinstance(a, torch.Tensor) else a
+                                                          for a in params))
+        steps["decode launch: the driver's launcher, tensors as objects"] = lambda: as_objects((*grid, 1), site[1],
+                                                                                                params)
     print(f"\n| b={b} s_q={s_q} h_q={h_q} fp8_rope_bf16: step | host µs/call |\n|---|---|")
     for name, step in steps.items():
         print(f"| {name} | {per_call(step, calls, rounds, sync):.1f} |", flush=True)

@@ -164,8 +164,8 @@ def test_an_sm90_gpu_on_the_portable_kernel_says_why_once(monkeypatch):
     from fp8mla.kernels import triton_compat
 
     monkeypatch.setattr(triton_compat, "hopper_missing", lambda: "triton 9.9's Gluon has no tma_load")
-    kernels._hopper_unavailable.cache_clear()
-    kernels._warn_portable_on_hopper.cache_clear()
+    for cached in (kernels.select, kernels._hopper_unavailable, kernels._warn_portable_on_hopper):
+        cached.cache_clear()
     try:
         p = make_problem(2, 1, 16, [100, 70], device="cuda")
         meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
@@ -177,8 +177,8 @@ def test_an_sm90_gpu_on_the_portable_kernel_says_why_once(monkeypatch):
         ref, _ = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens)
         assert cal_diff(out.float(), ref)["cos_diff"] < 1e-5
     finally:
-        kernels._hopper_unavailable.cache_clear()
-        kernels._warn_portable_on_hopper.cache_clear()
+        for cached in (kernels.select, kernels._hopper_unavailable, kernels._warn_portable_on_hopper):
+            cached.cache_clear()
 
 
 def test_a_signature_gets_one_number_and_another_signature_another(call):

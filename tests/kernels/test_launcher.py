@@ -226,8 +226,13 @@ def test_direct_launch_passes_the_driver_what_triton_passes(triton_launch_path, 
         go((5, 2, 1), 7, params)
     assert len(raw_launches) == 4
     through_triton, direct = raw_launches[0], raw_launches[1]
-    flat = lambda args: [list(a) if isinstance(a, (list, tuple)) else a for a in args]  # noqa: E731
+
+    def flat(args):   # a tensor as its address, which is what direct_launch passes (the launcher takes both)
+        return [flat(a) if isinstance(a, (list, tuple)) else a.data_ptr() if isinstance(a, torch.Tensor) else a
+                for a in args]
     assert flat(direct) == flat(through_triton)
+    kernel_args = direct[-1] if isinstance(direct[-1], list) else direct   # (3.7 on: one sequence)
+    assert x.data_ptr() in kernel_args and not any(isinstance(a, torch.Tensor) for a in kernel_args)
     assert all(flat(launch) == flat(direct) for launch in raw_launches[2:])
     assert len(encoded) == (2 + 2 if with_descriptors else 0)   # Triton's launch: 2; direct: 2, then reused
 

@@ -72,6 +72,7 @@ def _warn_portable_on_hopper(reason: str) -> None:
                   f"kernels, because {reason}", RuntimeWarning, stacklevel=4)
 
 
+@functools.lru_cache(maxsize=256)   # asked on every call (what it depends on is fixed in a process)
 def select(backend: str | None, device: torch.device, kv_format: str, rows: int) -> Decoder:
     """The decoder for a call of ``rows`` query rows per request on a ``kv_format`` cache: ``backend``'s, or with
     None the fastest that can run on ``device``."""

@@ -134,7 +134,9 @@ def direct_launch(kernel, params: tuple):
     typed like ``params``, or None where Triton's own path must run (scratch memory, sanitizers). What ``kernel.run``
     redoes at every launch is done once here: each TMA descriptor is expanded into the driver's arguments (its
     encoded tensor map, shape, strides) once per descriptor object, and the launch hooks (profilers) are asked for
-    by the caller (``hooked``)."""
+    by the caller (``hooked``). Tensors go to the driver's launcher as their addresses: given a tensor, it asks the
+    driver whether the address is a device one (``cuPointerGetAttribute``, a driver call per pointer and launch);
+    given an int, it takes it as is (the API's checks put every tensor on the launch's device)."""
     from triton.backends.nvidia import driver as nvidia_driver
 
     run = kernel.run
@@ -144,8 +146,6 @@ def direct_launch(kernel, params: tuple):
     make_arg = nvidia_driver.make_tensordesc_arg   # (arg, metadata), from 3.8 on (arg, metadata, base args)
     takes_base = make_arg.__code__.co_argcount == 3
     metas = list(getattr(kernel.metadata, "tensordesc_meta", None) or ())
-    where = [i for i, p in enumerate(params) if hasattr(p, "block_shape")]
-    metas += [None] * (len(where) - len(metas))
     expanded: dict = {}   # (position, id) -> (descriptor, its driver arguments)
 
     def expand(position, desc, meta):
@@ -157,26 +157,29 @@ def direct_launch(kernel, params: tuple):
                 desc, tuple(make_arg(desc, meta, ()) if takes_base else make_arg(desc, meta)))
         return known[1]
 
-    def flat(params):
-        if not where:
-            return params
-        out = list(params[:where[0]])
-        for n, i in enumerate(where):
-            out += expand(i, params[i], metas[n])
-            out += params[i + 1:where[n + 1] if n + 1 < len(where) else len(params)]
-        return out
-
-    head = (run.launch_cooperative_grid, run.launch_pdl)
+    # the driver's arguments of the parameters p, written out once as straight-line code (as Triton's own binder
+    # is): a tensor as its address, a descriptor expanded, anything else as it is
+    kernel_args, descriptors = [], 0
+    for i, param in enumerate(params):
+        if hasattr(param, "data_ptr"):
+            kernel_args.append(f"p[{i}].data_ptr()")
+        elif hasattr(param, "block_shape"):
+            meta = f"metas[{descriptors}]" if descriptors < len(metas) else "None"
+            kernel_args.append(f"*expand({i}, p[{i}], {meta})")
+            descriptors += 1
+        else:
+            kernel_args.append(f"p[{i}]")
+    kernel_args = ", ".join(kernel_args)
+    scope = dict(raw=raw, expand=expand, metas=metas, function=kernel.function, packed=kernel.packed_metadata,
+                 coop=run.launch_cooperative_grid, pdl=run.launch_pdl)
     if hasattr(run, "kernel_signature"):   # 3.7 on: one launcher for all kernels, the arguments as a sequence
-        tail = (None, None, run.arg_annotations, run.kernel_signature)
-
-        def go(grid, stream, params):
-            raw(*grid, stream, kernel.function, *head, kernel.packed_metadata, None, None, None, *tail, flat(params))
+        scope.update(annotations=run.arg_annotations, signature=run.kernel_signature)
+        source = ("lambda grid, stream, p: raw(*grid, stream, function, coop, pdl, packed, None, None, None, None, "
+                  f"None, annotations, signature, [{kernel_args}])")
     else:   # 3.6: a launcher compiled for this kernel's signature, the arguments flat
-        def go(grid, stream, params):
-            raw(*grid, stream, kernel.function, *head, None, None, kernel.packed_metadata, None, None, None,
-                *flat(params))
-    return go
+        source = ("lambda grid, stream, p: raw(*grid, stream, function, coop, pdl, None, None, packed, None, None, "
+                  f"None, {kernel_args})")
+    return eval(source, scope)
 
 
 def _active(hook) -> bool:
