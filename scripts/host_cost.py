@@ -9,7 +9,8 @@ driver; scratch buffers kept as on a GPU). With ``--gpu`` the launches are real:
 dtype x kernel), the metadata call, and with ``--peers`` FlashMLA dense FP8's call and schedule; ``--profile`` adds
 cProfile's top functions of one path; ``--parts`` what the fp8_rope_bf16 call of the last shape spends on each step
 (the output allocations, the checks, the launches; the decode launch alone, its tensors passed as addresses and as
-objects). Prints µs per call, the best of the rounds.
+objects). Prints µs per call, the best of the rounds, each round timing every call of a shape in turn (with
+``--peers`` also each call's ratio to FlashMLA's in the same rounds: the host's drifts cancel there).
 """
 import argparse
 import os
@@ -18,6 +19,24 @@ import time
 
 PATHS = [("fp8", True), ("fp8", False), ("fp8_rope_bf16", False), ("bf16", False)]   # (cache format, e4m3 q)
 SHAPES = [(2, 1, 16), (2, 1, 128), (64, 2, 64)]   # b, s_q, h_q: the small-rows kernel, then the 64-row kernels
+
+
+def per_call_alternating(fns: dict, calls: int, rounds: int, sync=lambda: None) -> dict:
+    """{name: best over rounds of µs per call}, each round timing every function in turn, so that the machine's
+    drifts (large on the H200 machine's host) hit them alike and their ratios compare."""
+    for fn in fns.values():
+        for _ in range(20):
+            fn()
+    sync()
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[name] = min(best[name], (time.perf_counter() - start) / calls * 1e6)
+            sync()
+    return best
 
 
 def per_call(fn, calls: int, rounds: int, sync=lambda: None) -> float:
@@ -173,13 +192,20 @@ def main():
         fake_launches()
         import torch
         device, sync = torch.device("cpu"), lambda: None
-    print(f"| b s_q h_q | call | host µs/call{'' if args.gpu else ' (launches faked)'} |\n|---|---|---|")
+    peers = args.gpu and args.peers
+    print(f"| b s_q h_q | call | host µs/call{'' if args.gpu else ' (launches faked)'} |"
+          + (" / FlashMLA's same call |\n|---|---|---|---|" if peers else "\n|---|---|---|"))
     for b, s_q, h_q in SHAPES:
         p, calls = decode_calls(device, b, s_q, h_q)
-        if args.gpu and args.peers:
+        if peers:
             calls.update(peer_calls(args.peers, p))
-        for name, call in calls.items():
-            print(f"| {b} {s_q} {h_q} | {name} | {per_call(call, args.calls, args.rounds, sync):.1f} |", flush=True)
+        us = per_call_alternating(calls, args.calls, args.rounds, sync)
+        for name in calls:
+            ratio = ""
+            if peers:   # against FlashMLA's decode, or its metadata call
+                peer = "FlashMLA metadata" if name == "metadata" else "FlashMLA dense FP8"
+                ratio = f" {us[name] / us[peer]:.2f}x |" if "FlashMLA" not in name and peer in us else " |"
+            print(f"| {b} {s_q} {h_q} | {name} | {us[name]:.1f} |{ratio}", flush=True)
         if args.parts and (b, s_q, h_q) == SHAPES[-1]:
             print_parts(p, args.calls, args.rounds, sync)
         if args.profile and (b, s_q, h_q) == SHAPES[-1]:
