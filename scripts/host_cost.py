@@ -41,17 +41,7 @@ def per_call_alternating(fns: dict, calls: int, rounds: int, sync=lambda: None) 
 
 def per_call(fn, calls: int, rounds: int, sync=lambda: None) -> float:
     """Best over rounds of µs per call of ``calls`` calls back to back."""
-    for _ in range(20):
-        fn()
-    sync()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, (time.perf_counter() - start) / calls * 1e6)
-        sync()
-    return best
+    return per_call_alternating({"": fn}, calls, rounds, sync)[""]
 
 
 def fake_launches():
