@@ -29,9 +29,8 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per
     b = cache_seqlens.shape[0]
     if b == 0 or (cache_seqlens.device.type == "cpu" and not interpreter_active()):
         return plan(cache_seqlens, num_q_tokens_per_head_k, num_parts)   # (the same schedule, in torch ops)
-    from .kernels.planner import launch_plan
-
-    return launch_plan(cache_seqlens, cut(b, num_q_tokens_per_head_k, cache_seqlens.device, num_parts))
+    return kernels.lazy("planner").launch_plan(cache_seqlens,
+                                               cut(b, num_q_tokens_per_head_k, cache_seqlens.device, num_parts))
 
 
 def _planned(call: checks.DecodeCall) -> checks.DecodeCall:
@@ -98,8 +97,6 @@ def write_kv_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, k_cache: torch.Tensor
     ``"fp8"`` needs the cache's per-tensor ``descale_k``; ``"fp8_rope_bf16"`` computes each token's scale.
     Runs as one kernel with no host synchronisation, so it can be captured in a CUDA graph.
     """
-    from .kernels.cache_writer import launch_write_kv_cache
-
     kv_format = checks.check_cache(k_cache, kv_format)
     if kv_c.dim() != 2 or kv_c.shape[1] != D_LATENT:
         raise ValueError(f"kv_c must be [num_tokens, {D_LATENT}], got {list(kv_c.shape)}")
@@ -118,7 +115,7 @@ def write_kv_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, k_cache: torch.Tensor
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
     if kv_c.shape[0] == 0:
         return
-    launch_write_kv_cache(kv_c, k_pe, k_cache, slot_mapping, kv_format, descale_k)
+    kernels.lazy("cache_writer").launch_write_kv_cache(kv_c, k_pe, k_cache, slot_mapping, kv_format, descale_k)
 
 
 def hopper_available(device: torch.device) -> bool:
