@@ -35,11 +35,7 @@ class DecodeCall(NamedTuple):
     # a number standing for the call's signature, what the checks and the kernels' specializations depend on (equal
     # signatures, equal numbers, while check_decode remembers them); None: unknown
     signature: int | None = None
-
-    @property
-    def rows(self) -> int:
-        """Query rows per request: s_q * h_q, which share every KV page."""
-        return self.q.shape[1] * self.q.shape[2]
+    rows: int = 0               # query rows per request: s_q * h_q, which share every KV page
 
 
 def check_tensor(name, t, dtypes, dim=None):
@@ -197,7 +193,7 @@ def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_s
     if lse is None:
         lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
     return DecodeCall(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, descale_q,
-                      descale_k, softmax_scale, causal, number)
+                      descale_k, softmax_scale, causal, number, s_q * h_q)
 
 
 def check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k) -> None:

@@ -75,7 +75,7 @@ def quantize_q(q: torch.Tensor, rope_fp8: bool, key=None, site=ASK) -> tuple[tor
     width = formats.D_LATENT + formats.D_ROPE * (1 if rope_fp8 else 2)
     packed, descale = scratch(q.device, ((b, s_q, h_q, width), torch.float8_e4m3fn), ((n_rows,), torch.float32))
     stride_b, stride_s, stride_h, _ = q.stride()
-    # (-(-n // m): triton.cdiv is a ConstexprFunction, ~2 us a call on the host)
+    # (-(-n // m): triton.cdiv is a ConstexprFunction, ~3-5 us a call on the host)
     _launch((-(-n_rows // BLOCK_ROWS.value),),
             (q, stride_b, stride_s, stride_h, packed, width, descale, n_rows, s_q, h_q), dict(ROPE_FP8=rope_fp8),
             key=key, site=site, num_warps=4)

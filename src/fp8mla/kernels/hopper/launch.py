@@ -58,9 +58,10 @@ def cache_descriptors(k_cache: torch.Tensor, kv_format: str):
 def _fp8_args(call, q, descale_q, o_part, lse_part):
     """The FP8 kernels' parameters (fp8.py's and small.py's are the same)."""
     _, s_q, h_q, _ = call.q.shape
+    stride_qb, stride_qs, stride_qh, _ = q.stride()
     lat_desc, rope_desc, scale_desc = cache_descriptors(call.k_cache, call.kv_format)
     dummy = call.cache_seqlens  # never read: placeholders for absent scales
-    return (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, scale_desc,
+    return (q, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
             call.block_table, call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0],
             call.cache_seqlens, call.meta,
             call.num_splits, call.out, call.lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
@@ -93,9 +94,10 @@ def launch_bf16(call, o_part, lse_part, site):
     """bf16.py's kernel: 64 query rows a CTA."""
     q = call.q
     _, s_q, h_q, _ = q.shape
+    stride_qb, stride_qs, stride_qh, _ = q.stride()
     lat_desc, rope_desc, _ = cache_descriptors(call.k_cache, call.kv_format)
     _launch_bf16((call.meta.shape[0], -(-call.rows // BLOCK_M.value)),
-                 (q, q.stride(0), q.stride(1), q.stride(2), lat_desc, rope_desc, call.block_table,
+                 (q, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, call.block_table,
                   call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0], call.cache_seqlens,
                   call.meta, call.num_splits,
                   call.out, call.lse, o_part, lse_part, call.softmax_scale * LOG2E.value, h_q, s_q),
