@@ -141,16 +141,20 @@ def print_parts(p, calls: int, rounds: int, sync) -> None:
         q8, descale = quantize_q(call.q, rope_fp8=False, key=call.signature, site=site)
         o_part, lse_part = launcher.scratch(p.q.device, ((b + meta.shape[0], s_q * h_q, 512), torch.bfloat16),
                                            ((b + meta.shape[0], s_q * h_q), torch.float32))
-        decode_args = hopper_launch._fp8_args(call, q8, descale, o_part, lse_part)
-        constexprs = {**hopper_launch._fp8_constexprs(call), "ABLATE": 0}
         grid = (meta.shape[0], -(-s_q * h_q // 64))
+        recorded = []   # the decode's arguments, as its plan passes them
+        hopper_launch._fp8_launch(lambda grid, args, key, site: recorded.append(args), grid, call,
+                                  q8.stride()[:3])(call, q8, descale, o_part, lse_part, site)
+        decode_args = recorded[0]
         cached = hopper_launch._launch_fp8
+        variant = cached.variant({**hopper_launch._fp8_constexprs(call), "ABLATE": 0}, num_warps=4)
+        constexprs = variant.constexprs
         steps["launcher.launch_site()"] = launcher.launch_site
-        steps["decode launch: CachedLauncher"] = lambda: cached(grid, decode_args, constexprs, key=call.signature,
-                                                                site=site, num_warps=4)
-        cached(grid, decode_args, constexprs, key=call.signature, site=site, num_warps=4)
+        steps["decode launch: CachedLauncher (a plan's variant)"] = lambda: variant(grid, decode_args,
+                                                                                   call.signature, site)
+        variant(grid, decode_args, call.signature, site)
         go = next(go for key, go in cached.kernels.items() if key[1] == call.signature)
-        params = (*decode_args, *constexprs.values())
+        params = decode_args + variant.values
         steps["decode launch: the driver's launcher (direct_launch)"] = lambda: go((*grid, 1), site[1], params)
         # the same with tensors passed as objects (Triton's own way: the launcher asks the driver about each)
         with launcher.compiling_for(launcher._current_arch()):

@@ -8,18 +8,28 @@ import torch
 from fp8mla import get_mla_metadata
 from fp8mla.checks import check_decode
 from fp8mla.inputs import make_problem
-from fp8mla.kernels import decoder_for
+from fp8mla.kernels import decoder_for, launcher
 from fp8mla.kernels.constants import FORMAT_CODE, LOG2E
 from fp8mla.kernels.hopper import LAUNCH, bf16, launch as hopper_launch, layouts
 from fp8mla.kernels.q_quant import quantize_q
+
+
+class RecordingLauncher:
+    """Stands for a kernel's CachedLauncher: records each launch of its variants (constexprs and options fixed)."""
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def variant(self, constexprs, **options):
+        return lambda grid, args, key=None, site=None: self.calls.append(
+            (self.name, grid, args, constexprs, dict(key=key, site=site, **options)))
 
 
 @pytest.fixture
 def launches(monkeypatch):
     calls = []
     for name, attr in (("hopper", "_launch_fp8"), ("hopper_small", "_launch_small"), ("hopper_bf16", "_launch_bf16")):
-        monkeypatch.setattr(hopper_launch, attr, lambda grid, args, constexprs, name=name, **options:
-                            calls.append((name, grid, args, constexprs, options)))
+        monkeypatch.setattr(hopper_launch, attr, RecordingLauncher(name, calls))
+    monkeypatch.setattr(launcher, "_plans", {})   # plans made before hold the real launchers
     return calls
 
 

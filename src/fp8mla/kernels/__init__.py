@@ -114,29 +114,38 @@ def lazy(module: str):
 
 @functools.lru_cache(maxsize=None)
 def _launch_functions(decoder: Decoder):
-    """(the host function that launches ``decoder``'s kernel, the combine's, launcher.launch_site,
-    launcher.scratch): Triton and the kernel modules are imported on first use (__main__ may switch the interpreter
-    on before), hopper's only where it is used."""
-    from .combine import launch_combine
-    from .launcher import launch_site, scratch
+    """(the host function that launches ``decoder``'s kernel, the combine's plan, launcher.launch_site,
+    launcher.scratch, launcher.planned): Triton and the kernel modules are imported on first use (__main__ may
+    switch the interpreter on before), hopper's only where it is used."""
+    from .combine import plan_combine
+    from .launcher import launch_site, planned, scratch
 
     if decoder.backend == "hopper":
         from . import hopper
         launch = hopper.LAUNCH[decoder.name]
     else:
         from .portable import launch_portable as launch
-    return launch, launch_combine, launch_site, scratch
+    return launch, plan_combine, launch_site, scratch, planned
+
+
+def _plan_decode(call, decoder: Decoder, parts: int):
+    """launch_decode for calls of ``call``'s signature and a schedule of ``parts`` parts."""
+    launch, plan_combine, launch_site, scratch, _ = _launch_functions(decoder)
+    b, s_q, h_q, _ = call.q.shape
+    # every part adds at most one split beyond the first of each request
+    buffers = (((b + parts, call.rows, D_LATENT), partial_dtype(call.kv_format)),
+               ((b + parts, call.rows), torch.float32))
+    combine = plan_combine(b, s_q, h_q, parts, call.block_table.shape[1], call.q.device)
+
+    def decode(call):
+        o_part, lse_part = scratch(call.q.device, *buffers)
+        site = launch_site()
+        launch(call, o_part, lse_part, site)
+        combine(call.out, call.lse, o_part, lse_part, call.num_splits, call.cache_seqlens, call.signature, site)
+    return decode
 
 
 def launch_decode(decoder: Decoder, call) -> None:
     """The decode kernel ``decoder`` over ``call`` (a checks.DecodeCall), then the combine of its split requests."""
-    launch, launch_combine, launch_site, scratch = _launch_functions(decoder)
-    b, s_q, h_q, _ = call.q.shape
-    # every part adds at most one split beyond the first of each request
-    max_splits = b + call.meta.shape[0]
-    o_part, lse_part = scratch(call.q.device, ((max_splits, s_q * h_q, D_LATENT), partial_dtype(call.kv_format)),
-                               ((max_splits, s_q * h_q), torch.float32))
-    site = launch_site()
-    launch(call, o_part, lse_part, site)
-    launch_combine(call.out, call.lse, o_part, lse_part, call.num_splits, call.cache_seqlens,
-                   call.block_table.shape[1], key=call.signature, site=site)
+    planned = _launch_functions(decoder)[4]   # launcher.planned (imported with the kernels, on first use)
+    planned(_plan_decode, call, decoder, call.meta.shape[0])(call)

@@ -79,9 +79,20 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, num_splits_pt
 _launch = CachedLauncher(mla_combine_kernel)
 
 
+def plan_combine(b: int, s_q: int, h_q: int, parts: int, max_pages: int, device):
+    """``combine(out, lse, o_part, lse_part, num_splits, cache_seqlens, key=None, site=ASK)`` for b requests of s_q
+    * h_q query rows after a schedule of ``parts`` parts, block tables of ``max_pages`` columns."""
+    row_blocks, slices, consts = combine_plan(b, s_q * h_q, parts, runtime.sm_count(device))
+    variant = _launch.variant(consts, num_warps=4)
+    grid = (b, row_blocks, slices)
+
+    def combine(out, lse, o_part, lse_part, num_splits, cache_seqlens, key=None, site=ASK):
+        variant(grid, (out, lse, o_part, lse_part, num_splits, cache_seqlens, max_pages, h_q, s_q), key, site)
+    return combine
+
+
 def launch_combine(out, lse, o_part, lse_part, num_splits, cache_seqlens, max_pages, key=None, site=ASK):
     b, s_q, h_q, _ = out.shape
     parts = o_part.shape[0] - b   # o_part has b + parts rows
-    row_blocks, slices, consts = combine_plan(b, s_q * h_q, parts, runtime.sm_count(out.device))
-    _launch((b, row_blocks, slices), (out, lse, o_part, lse_part, num_splits, cache_seqlens, max_pages, h_q, s_q),
-            consts, key=key, site=site, num_warps=4)
+    plan_combine(b, s_q, h_q, parts, max_pages, out.device)(out, lse, o_part, lse_part, num_splits, cache_seqlens,
+                                                           key, site)

@@ -110,30 +110,69 @@ class CachedLauncher:
     def __call__(self, grid, args: tuple, constexprs: dict, key=None, site=ASK, **options):
         """``key``, where the caller has one, stands for ``self._key(args)``: a hashable value that determines
         every property of ``args`` Triton specializes on (e.g. checks.DecodeCall.signature, the number of a
-        signature that holds every tensor's dtype, shape, strides and alignment). ``site``: ``launch_site()``, where the caller launches
-        several kernels (asked here otherwise)."""
+        signature that holds every tensor's dtype, shape, strides and alignment). ``site``: ``launch_site()``, where
+        the caller launches several kernels (asked here otherwise)."""
+        self.launch(Variant(self, constexprs, options), grid, args, key, site)
+
+    def variant(self, constexprs: dict, **options) -> Variant:
+        """The launches of these constexprs and options, their part of the work done once (for plans)."""
+        return Variant(self, constexprs, options)
+
+    def launch(self, variant: Variant, grid, args: tuple, key, site) -> None:
         if site is ASK:
             site = launch_site()
         if site is None:
             if _interpreting():  # the interpreter compiles nothing (and has defects: interpreter.py)
                 from . import interpreter
                 interpreter.apply()
-                self.fn[grid](*args, **constexprs, **options)
+                self.fn[grid](*args, **variant.constexprs, **variant.options)
                 return
             site = (_current_device(), None)   # a launch hook: every launch through Triton, which calls it
         device, stream = site
-        key = (device, self._key(args) if key is None else key, tuple(constexprs.items()), tuple(options.items()))
+        key = (device, self._key(args) if key is None else key, variant.fixed)
         go = self.kernels.get(key)
-        params = (*args, *constexprs.values())
+        params = args + variant.values
         if go is None or stream is None:
-            if tuple(self.fn.arg_names[len(args):]) != tuple(constexprs):
-                raise TypeError(f"{self.fn.arg_names} do not end with the constexprs {tuple(constexprs)}")
+            if tuple(self.fn.arg_names[len(args):]) != tuple(variant.constexprs):
+                raise TypeError(f"{self.fn.arg_names} do not end with the constexprs {tuple(variant.constexprs)}")
             with compiling_for(_current_arch()):
-                kernel = self.fn[grid](*args, **constexprs, **COMPILE_OPTIONS, **options)
+                kernel = self.fn[grid](*args, **variant.constexprs, **COMPILE_OPTIONS, **variant.options)
             if go is None:
                 self.kernels[key] = direct_launch(kernel, params) or _triton_launch(kernel)
             return
         go((*grid, 1, 1)[:3], stream, params)
+
+
+class Variant:
+    """A CachedLauncher's launches with given constexprs and options, ``variant(grid, args, key, site)``: their
+    part of the cache key and the constexprs' values are worked out once, when a plan (``planned``) makes it."""
+    __slots__ = ("launcher", "constexprs", "options", "fixed", "values")
+
+    def __init__(self, launcher: CachedLauncher, constexprs: dict, options: dict):
+        self.launcher, self.constexprs, self.options = launcher, constexprs, options
+        self.fixed = (tuple(constexprs.items()), tuple(options.items()))
+        self.values = tuple(constexprs.values())
+
+    def __call__(self, grid, args: tuple, key=None, site=ASK) -> None:
+        self.launcher.launch(self, grid, args, key, site)
+
+
+_plans: dict = {}
+
+
+def planned(make, call, *extra):
+    """``make(call, *extra)``: a function that launches calls of ``call``'s signature (checks.DecodeCall), made
+    once with what the signature fixes (grids, strides, sizes, constexprs) and kept per (make, signature, *extra);
+    made anew for a call of no known signature."""
+    if call.signature is None:
+        return make(call, *extra)
+    key = (make, call.signature, *extra)
+    plan = _plans.get(key)
+    if plan is None:
+        if len(_plans) >= 256:
+            _plans.clear()
+        plan = _plans[key] = make(call, *extra)
+    return plan
 
 
 def launch_site() -> tuple[int, int] | None:

@@ -25,7 +25,7 @@ import triton.language as tl
 from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, BF16, D_LATENT, D_QK, D_ROPE, END_PAGE,
                         END_REQ, END_REQ_PAGES, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH,
                         PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
-from .launcher import CachedLauncher
+from .launcher import CachedLauncher, planned
 from .q_quant import quantize_rows
 
 # Promote FP8 partial sums to fp32 every this many products: Hopper's FP8 MMA accumulates in reduced
@@ -191,21 +191,25 @@ def block_m_for(rows: int) -> int:
 _launch = CachedLauncher(mla_decode_split_kernel)
 
 
-def launch_portable(call, o_part, lse_part, site):
-    q = call.q
-    _, s_q, h_q, _ = q.shape
+def _plan_portable(call, parts):
+    _, s_q, h_q, _ = call.q.shape
     block_m = block_m_for(call.rows)
-    grid = (call.meta.shape[0], -(-call.rows // block_m))   # (triton.cdiv: ~3-5 us a call on the host)
-    dummy = call.cache_seqlens  # never read: placeholders for absent scales
-    stride_qb, stride_qs, stride_qh, _ = q.stride()
-    _launch(grid, (q, stride_qb, stride_qs, stride_qh,
-                   call.k_cache, call.block_table, call.block_table.stride(0), call.block_table.shape[1],
-                   call.k_cache.shape[0], call.cache_seqlens, call.meta, call.num_splits,
-                   call.out, call.lse, o_part, lse_part,
-                   call.descale_q if call.descale_q is not None else dummy,
-                   call.descale_k if call.descale_k is not None else dummy,
-                   call.softmax_scale * LOG2E.value,
-                   h_q, s_q),
-            dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=q.dtype != call.out.dtype, CAUSAL=call.causal,
-                 BLOCK_M=block_m),
-            key=call.signature, site=site, num_warps=8 if block_m == 64 else 4, num_stages=1)
+    grid = (parts, -(-call.rows // block_m))   # (triton.cdiv: ~3-5 us a call on the host)
+    variant = _launch.variant(dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != call.out.dtype,
+                                   CAUSAL=call.causal, BLOCK_M=block_m),
+                              num_warps=8 if block_m == 64 else 4, num_stages=1)
+    q_strides = call.q.stride()[:3]
+    table = (call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0])
+    sizes = (call.softmax_scale * LOG2E.value, h_q, s_q)
+
+    def launch(call, o_part, lse_part, site):
+        dummy = call.cache_seqlens  # never read: placeholders for absent scales
+        variant(grid, (call.q, *q_strides, call.k_cache, call.block_table, *table, call.cache_seqlens, call.meta,
+                       call.num_splits, call.out, call.lse, o_part, lse_part,
+                       dummy if call.descale_q is None else call.descale_q,
+                       dummy if call.descale_k is None else call.descale_k, *sizes), call.signature, site)
+    return launch
+
+
+def launch_portable(call, o_part, lse_part, site):
+    planned(_plan_portable, call, call.meta.shape[0])(call, o_part, lse_part, site)

@@ -66,17 +66,27 @@ def quantize_q_kernel(q_ptr, stride_qb, stride_qs, stride_qh, packed_ptr, row_by
 _launch = CachedLauncher(quantize_q_kernel)
 
 
+def plan_quantize_q(q: torch.Tensor, rope_fp8: bool):
+    """(``quantize(q, key=None, site=ASK)``, the packed rows' strides of b, s and head) for q's of this q's shape
+    and strides: see quantize_q."""
+    b, s_q, h_q, _ = q.shape
+    n_rows = b * s_q * h_q
+    width = formats.D_LATENT + formats.D_ROPE * (1 if rope_fp8 else 2)
+    buffers = (((b, s_q, h_q, width), torch.float8_e4m3fn), ((n_rows,), torch.float32))
+    q_strides = q.stride()[:3]
+    variant = _launch.variant(dict(ROPE_FP8=rope_fp8), num_warps=4)
+    # (-(-n // m): triton.cdiv is a ConstexprFunction, ~3-5 us a call on the host)
+    grid = (-(-n_rows // BLOCK_ROWS.value),)
+
+    def quantize(q, key=None, site=ASK):
+        packed, descale = scratch(q.device, *buffers)
+        variant(grid, (q, *q_strides, packed, width, descale, n_rows, s_q, h_q), key, site)
+        return packed, descale
+    return quantize, (s_q * h_q * width, h_q * width, width)
+
+
 def quantize_q(q: torch.Tensor, rope_fp8: bool, key=None, site=ASK) -> tuple[torch.Tensor, torch.Tensor]:
     """q [b, s_q, h_q, 576] bf16 -> (packed rows [b, s_q, h_q, 576 or 640] e4m3: the latent part, then the
     RoPE part, e4m3 (rope_fp8) or its bf16 bytes; each row's descale [b * s_q * h_q] fp32). ``key``, ``site``:
     the launcher's (launcher.CachedLauncher)."""
-    b, s_q, h_q, _ = q.shape
-    n_rows = b * s_q * h_q
-    width = formats.D_LATENT + formats.D_ROPE * (1 if rope_fp8 else 2)
-    packed, descale = scratch(q.device, ((b, s_q, h_q, width), torch.float8_e4m3fn), ((n_rows,), torch.float32))
-    stride_b, stride_s, stride_h, _ = q.stride()
-    # (-(-n // m): triton.cdiv is a ConstexprFunction, ~3-5 us a call on the host)
-    _launch((-(-n_rows // BLOCK_ROWS.value),),
-            (q, stride_b, stride_s, stride_h, packed, width, descale, n_rows, s_q, h_q), dict(ROPE_FP8=rope_fp8),
-            key=key, site=site, num_warps=4)
-    return packed, descale
+    return plan_quantize_q(q, rope_fp8)[0](q, key, site)

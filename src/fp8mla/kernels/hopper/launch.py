@@ -1,5 +1,6 @@
 """The Hopper kernels' host side: the cache's TMA descriptors, and one launch function per decoder of the dispatch
-table (kernels/__init__.py), each taking a checks.DecodeCall and the split buffers."""
+table (kernels/__init__.py), each taking a checks.DecodeCall and the split buffers, and launching the plan of the
+call's signature (launcher.planned: grid, strides, sizes and constexprs worked out once)."""
 from __future__ import annotations
 
 import torch
@@ -7,8 +8,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ... import formats
 from ..constants import FORMAT_CODE, LOG2E
-from ..launcher import CachedLauncher
-from ..q_quant import quantize_q
+from ..launcher import CachedLauncher, planned
+from ..q_quant import plan_quantize_q
 from .bf16 import K_BOX, mla_decode_hopper_bf16_kernel
 from .fp8 import mla_decode_hopper_kernel
 from .layouts import BLOCK_M, LAT_BF16_SMEM, LAT_SMEM, ROPE_BF16_SMEM, ROPE_FP8_SMEM, SCALE_COLS, SCALE_SMEM
@@ -55,53 +56,75 @@ def cache_descriptors(k_cache: torch.Tensor, kv_format: str):
     return _descriptors[key]
 
 
-def _fp8_args(call, q, descale_q, o_part, lse_part):
-    """The FP8 kernels' parameters (fp8.py's and small.py's are the same)."""
+def _fp8_launch(variant, grid, call, q_strides):
+    """``launch(call, q, descale_q, o_part, lse_part, site)``: an FP8 kernel's launch (fp8.py's and small.py's
+    parameters are the same) for calls of ``call``'s signature, given q's strides (call.q's or its quantized
+    copy's)."""
     _, s_q, h_q, _ = call.q.shape
-    stride_qb, stride_qs, stride_qh, _ = q.stride()
-    lat_desc, rope_desc, scale_desc = cache_descriptors(call.k_cache, call.kv_format)
-    dummy = call.cache_seqlens  # never read: placeholders for absent scales
-    return (q, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
-            call.block_table, call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0],
-            call.cache_seqlens, call.meta,
-            call.num_splits, call.out, call.lse, o_part, lse_part, descale_q if descale_q is not None else dummy,
-            call.descale_k if call.descale_k is not None else dummy, call.softmax_scale * LOG2E.value, h_q, s_q,
-            call.rows)
+    kv_format = call.kv_format
+    table = (call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0])
+    sizes = (call.softmax_scale * LOG2E.value, h_q, s_q, call.rows)
+
+    def launch(call, q, descale_q, o_part, lse_part, site):
+        dummy = call.cache_seqlens  # never read: placeholders for absent scales
+        variant(grid, (q, *q_strides, *cache_descriptors(call.k_cache, kv_format), call.block_table, *table,
+                       call.cache_seqlens, call.meta, call.num_splits, call.out, call.lse, o_part, lse_part,
+                       dummy if descale_q is None else descale_q, dummy if call.descale_k is None else call.descale_k,
+                       *sizes), call.signature, site)
+    return launch
 
 
 def _fp8_constexprs(call) -> dict:
     return dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != torch.bfloat16, CAUSAL=call.causal)
 
 
-def launch_fp8(call, o_part, lse_part, site):
+def _plan_fp8(call, parts, ablate):
     """fp8.py's kernel: 64 query rows a CTA; a bf16 q is quantized first (q_quant.py: packed rows, a scale per
     row)."""
-    q, descale_q = call.q, call.descale_q
-    if q.dtype == torch.bfloat16:
-        q, descale_q = quantize_q(q, rope_fp8=call.kv_format == "fp8", key=call.signature, site=site)
-    _launch_fp8((call.meta.shape[0], -(-call.rows // BLOCK_M.value)), _fp8_args(call, q, descale_q, o_part, lse_part),
-                {**_fp8_constexprs(call), "ABLATE": ABLATE}, key=call.signature, site=site, num_warps=4)
+    variant = _launch_fp8.variant({**_fp8_constexprs(call), "ABLATE": ablate}, num_warps=4)
+    grid = (parts, -(-call.rows // BLOCK_M.value))
+    if call.q.dtype != torch.bfloat16:
+        launch = _fp8_launch(variant, grid, call, call.q.stride()[:3])
+        return lambda call, o_part, lse_part, site: launch(call, call.q, call.descale_q, o_part, lse_part, site)
+    quantize, packed_strides = plan_quantize_q(call.q, rope_fp8=call.kv_format == "fp8")
+    launch = _fp8_launch(variant, grid, call, packed_strides)
+    return lambda call, o_part, lse_part, site: launch(call, *quantize(call.q, call.signature, site), o_part,
+                                                       lse_part, site)
+
+
+def _plan_small(call, parts):
+    """small.py's kernel: the call's (at most 32) query rows in one CTA per part, as the wgmma's N."""
+    variant = _launch_small.variant({**_fp8_constexprs(call), "ROWS": rows_per_cta(call.rows)}, num_warps=4)
+    launch = _fp8_launch(variant, (parts, 1), call, call.q.stride()[:3])
+    return lambda call, o_part, lse_part, site: launch(call, call.q, call.descale_q, o_part, lse_part, site)
+
+
+def _plan_bf16(call, parts, ablate):
+    """bf16.py's kernel: 64 query rows a CTA."""
+    _, s_q, h_q, _ = call.q.shape
+    variant = _launch_bf16.variant(dict(CAUSAL=call.causal, ABLATE=ablate), num_warps=4)
+    grid = (parts, -(-call.rows // BLOCK_M.value))
+    q_strides = call.q.stride()[:3]
+    table = (call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0])
+    sizes = (call.softmax_scale * LOG2E.value, h_q, s_q)
+
+    def launch(call, o_part, lse_part, site):
+        lat_desc, rope_desc, _ = cache_descriptors(call.k_cache, "bf16")
+        variant(grid, (call.q, *q_strides, lat_desc, rope_desc, call.block_table, *table, call.cache_seqlens,
+                       call.meta, call.num_splits, call.out, call.lse, o_part, lse_part, *sizes), call.signature, site)
+    return launch
+
+
+def launch_fp8(call, o_part, lse_part, site):
+    planned(_plan_fp8, call, call.meta.shape[0], ABLATE)(call, o_part, lse_part, site)
 
 
 def launch_small(call, o_part, lse_part, site):
-    """small.py's kernel: the call's (at most 32) query rows in one CTA per part, as the wgmma's N."""
-    _launch_small((call.meta.shape[0], 1), _fp8_args(call, call.q, call.descale_q, o_part, lse_part),
-                  {**_fp8_constexprs(call), "ROWS": rows_per_cta(call.rows)}, key=call.signature, site=site,
-                  num_warps=4)
+    planned(_plan_small, call, call.meta.shape[0])(call, o_part, lse_part, site)
 
 
 def launch_bf16(call, o_part, lse_part, site):
-    """bf16.py's kernel: 64 query rows a CTA."""
-    q = call.q
-    _, s_q, h_q, _ = q.shape
-    stride_qb, stride_qs, stride_qh, _ = q.stride()
-    lat_desc, rope_desc, _ = cache_descriptors(call.k_cache, call.kv_format)
-    _launch_bf16((call.meta.shape[0], -(-call.rows // BLOCK_M.value)),
-                 (q, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, call.block_table,
-                  call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0], call.cache_seqlens,
-                  call.meta, call.num_splits,
-                  call.out, call.lse, o_part, lse_part, call.softmax_scale * LOG2E.value, h_q, s_q),
-                 dict(CAUSAL=call.causal, ABLATE=ABLATE), key=call.signature, site=site, num_warps=4)
+    planned(_plan_bf16, call, call.meta.shape[0], ABLATE)(call, o_part, lse_part, site)
 
 
 LAUNCH = {"hopper": launch_fp8, "hopper_small": launch_small, "hopper_bf16": launch_bf16}
