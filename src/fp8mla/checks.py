@@ -189,9 +189,9 @@ def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_s
     (kv_format, softmax_scale, causal), number = known
     b, s_q, h_q, _ = q.shape
     if out is None:
-        out = torch.empty(b, s_q, h_q, D_LATENT, dtype=torch.bfloat16, device=q.device)
+        out = torch.empty((b, s_q, h_q, D_LATENT), dtype=torch.bfloat16, device=q.device)
     if lse is None:
-        lse = torch.empty(b, h_q, s_q, dtype=torch.float32, device=q.device)
+        lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
     return DecodeCall(q, k_cache, kv_format, block_table, cache_seqlens, meta, num_splits, out, lse, descale_q,
                       descale_k, softmax_scale, causal, number, s_q * h_q)
 
