@@ -242,3 +242,23 @@ def test_direct_launch_leaves_kernels_with_scratch_memory_to_triton(triton_launc
     kernel = make_kernel({"x": "*fp32", "BLOCK": "constexpr"}, None)
     kernel.run.global_scratch_size = 128
     assert triton_compat.direct_launch(kernel, (torch.zeros(4), 16)) is None
+
+
+def test_a_plan_is_made_once_per_signature_and_extra_key(monkeypatch):
+    """launcher.planned: one plan per (maker, call signature, extra key); a call of no known signature gets a new
+    one each time."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(launcher, "_plans", {})
+    made = []
+
+    def make(call, parts):
+        made.append((call.signature, parts))
+        return object()
+
+    a, b, unknown = (SimpleNamespace(signature=s) for s in (1, 2, None))
+    assert launcher.planned(make, a, 7) is launcher.planned(make, a, 7)
+    assert launcher.planned(make, a, 8) is not launcher.planned(make, a, 7)   # another schedule's parts
+    assert launcher.planned(make, b, 7) is not launcher.planned(make, a, 7)
+    assert launcher.planned(make, unknown, 7) is not launcher.planned(make, unknown, 7)
+    assert made == [(1, 7), (1, 8), (2, 7), (None, 7), (None, 7)]
