@@ -9,7 +9,9 @@ here from the argument properties Triton specializes on (dtypes; pointers 16-byt
 (one key for a whole call's launches), and afterwards calls the driver's launcher directly
 (``triton_compat.direct_launch``: no Python of Triton's between, TMA descriptors encoded once). The key is never
 coarser than Triton's, so a launch with different properties compiles (or looks up) its own kernel through Triton
-as before.
+as before. ``planned`` keeps, per call signature, a decode call's launches with everything the signature fixes
+worked out (grids, strides, sizes, each launcher's ``Variant`` of constexprs and options), so a call builds only its
+tensor arguments.
 """
 from __future__ import annotations
 
@@ -119,6 +121,7 @@ class CachedLauncher:
         return Variant(self, constexprs, options)
 
     def launch(self, variant: Variant, grid, args: tuple, key, site) -> None:
+        """One launch of ``variant``'s constexprs and options (``key`` and ``site`` as for ``__call__``)."""
         if site is ASK:
             site = launch_site()
         if site is None:
