@@ -107,35 +107,21 @@ def partial_dtype(kv_format: str) -> torch.dtype:
 
 @functools.lru_cache(maxsize=None)
 def lazy(module: str):
-    """The kernel module ``module``, imported on first use (the modules define Triton kernels, and __main__ may
-    switch the interpreter on before), then found without an import statement's cost (~1.6 us)."""
+    """The kernel module ``module``, imported on first use (the modules import Triton and define its kernels, and
+    __main__ may switch the interpreter on before; hopper's only where it is used), then found without an import
+    statement's cost (~1.6 us)."""
     return importlib.import_module(f"{__name__}.{module}")
-
-
-@functools.lru_cache(maxsize=None)
-def _launch_functions(decoder: Decoder):
-    """(the host function that launches ``decoder``'s kernel, the combine's plan, launcher.launch_site,
-    launcher.scratch, launcher.planned): Triton and the kernel modules are imported on first use (__main__ may
-    switch the interpreter on before), hopper's only where it is used."""
-    from .combine import plan_combine
-    from .launcher import launch_site, planned, scratch
-
-    if decoder.backend == "hopper":
-        from . import hopper
-        launch = hopper.LAUNCH[decoder.name]
-    else:
-        from .portable import launch_portable as launch
-    return launch, plan_combine, launch_site, scratch, planned
 
 
 def _plan_decode(call, decoder: Decoder, parts: int):
     """launch_decode for calls of ``call``'s signature and a schedule of ``parts`` parts."""
-    launch, plan_combine, launch_site, scratch, _ = _launch_functions(decoder)
+    launch = lazy("hopper").LAUNCH[decoder.name] if decoder.backend == "hopper" else lazy("portable").launch_portable
+    launch_site, scratch = lazy("launcher").launch_site, lazy("launcher").scratch
     b, s_q, h_q, _ = call.q.shape
     # every part adds at most one split beyond the first of each request
     buffers = (((b + parts, call.rows, D_LATENT), partial_dtype(call.kv_format)),
                ((b + parts, call.rows), torch.float32))
-    combine = plan_combine(b, s_q, h_q, parts, call.block_table.shape[1], call.q.device)
+    combine = lazy("combine").plan_combine(b, s_q, h_q, parts, call.block_table.shape[1], call.q.device)
 
     def decode(call):
         o_part, lse_part = scratch(call.q.device, *buffers)
@@ -147,5 +133,4 @@ def _plan_decode(call, decoder: Decoder, parts: int):
 
 def launch_decode(decoder: Decoder, call) -> None:
     """The decode kernel ``decoder`` over ``call`` (a checks.DecodeCall), then the combine of its split requests."""
-    planned = _launch_functions(decoder)[4]   # launcher.planned (imported with the kernels, on first use)
-    planned(_plan_decode, call, decoder, call.meta.shape[0])(call)
+    lazy("launcher").planned(_plan_decode, call, decoder, call.meta.shape[0])(call)
