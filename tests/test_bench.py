@@ -13,6 +13,7 @@ from fp8mla.__main__ import main
 from fp8mla.bench import peers
 from fp8mla.bench.metrics import decode_bytes, decode_flops, format_speed, needle_report, output_error, speed
 from fp8mla.bench.report import markdown
+from fp8mla.bench import run
 from fp8mla.bench.run import Config, add_speedups, configs_from_args, our_method, peer_method, run_suite
 from fp8mla.inputs import make_problem, plant_needles
 
@@ -235,6 +236,31 @@ def test_peers_through_the_bench_with_the_binaries_schemas(fake_peer_ops, monkey
     assert FAKE_CALLS == ["bf16 reused the schedule"] * 2  # the first call and the timed call
     assert by_method["fp8mla bf16 (portable)"]["speedup"] == {"FlashMLA BF16": 1.0, "FA3-MLA BF16": 1.0}
     assert by_method["fp8mla fp8 (portable)"]["speedup"] == {"FlashMLA dense FP8": 1.0}
+
+
+def test_eager_and_host_times_come_from_alternating_rounds(monkeypatch):
+    """gpu_timer's launched: every round takes the calls in turn; eager is the median of the rounds', host the
+    best round's; a call that fails becomes its row's error and the others go on."""
+    import triton.testing
+
+    order, eager = [], {"a": iter([5.0, 1.0, 3.0, 9.0, 2.0]), "b": iter([4.0] * 5)}
+
+    def do_bench(fn, warmup, rep, return_mode):
+        fn()
+        return next(eager[order[-1]])
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    clock = iter(range(10**6))
+    monkeypatch.setattr(run.time, "perf_counter", lambda: next(clock))   # one tick a call: host_time's 50 calls
+
+    def fails():
+        raise RuntimeError("bad launch")
+    calls = {0: lambda: order.append("a"), 1: lambda: order.append("b"), 2: fails}
+    results = run.gpu_timer(warmup=25, rep=100).launched(calls)
+    assert order == ["a"] * 52 + ["b"] * 52 + (["a"] * 52 + ["b"] * 52) * 4   # do_bench's call, host_time's 51
+    assert results[0]["eager_ms"] == 3.0 and results[1]["eager_ms"] == 4.0
+    assert results[0]["host_us"] == results[1]["host_us"] == pytest.approx(1e6 / 50)   # one tick over 50 calls
+    assert results[2] == {"error": "RuntimeError: bad launch"}
 
 
 def test_peer_load_failures_are_messages(tmp_path):

@@ -7,8 +7,10 @@ accuracy, then timed on a GPU three ways: captured in a CUDA graph, as engines r
 (``triton.testing.do_bench_cudagraph``, median: the "ms" every ratio is of), launched from Python each time
 (``triton.testing.do_bench``, median, an L2 flush between calls, as FlashMLA's own test times them: it shows the
 host whenever a call's launch path takes longer on the CPU than the flush and the call before on the GPU), and
-the host's own cost (``host µs/call``: wall time per call of 50 calls launched back to back, no sync). A method that
-fails becomes a row that says why; the bench goes on.
+the host's own cost (``host µs/call``: wall time per call of 50 calls launched back to back, no sync). The last two
+come from rounds that take a config's methods in turn (``LAUNCH_ROUNDS``; eager: the median of the rounds', host: the
+best round's), since the speed of the H200 machine's host drifts by a third within minutes and both depend on it. A
+method that fails becomes a row that says why; the bench goes on.
 
 Our ``fp8`` rows take an e4m3 q with a per-tensor scale: exactly the inputs of FlashMLA's dense FP8 kernel.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -34,6 +37,7 @@ from .report import describe, write_report
 
 SOFTMAX_SCALE = D_QK ** -0.5
 SEED_BATCHES = (32, 48, 64, 128)
+LAUNCH_ROUNDS = 5   # rounds of the eager and host timings, each taking every method of a config in turn
 
 
 @dataclass(frozen=True)
@@ -142,14 +146,16 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)  # a kernel's asynchronous error surfaces here, inside its row
 
 
-def run_method(method: Method, case: Case, timer: Callable[[Callable], float] | None) -> dict:
-    """One row: accuracy of the first call, then (with a timer) speed; an error ends the row with its message."""
+def run_method(method: Method, case: Case, timer: Callable[[Callable], dict] | None) -> tuple[dict, Callable | None]:
+    """(One row: accuracy of the first call, then (with a timer) speed; the timed call, None after an error, which
+    ends the row with its message.)"""
     row = dict(config=asdict(case.config), label=case.config.label, method=method.label, kind=method.kind,
                peer=method.peer, cache_format=method.cache_format, q_fp8=method.q_fp8, error=None)
     if method.prepare is None:
         row["error"] = f"unavailable: {method.unavailable}"
-        return row
+        return row, None
     device = case.problem.q.device
+    call = None
     try:
         call, (out, lse) = method.prepare(case)
         _sync(device)
@@ -165,7 +171,8 @@ def run_method(method: Method, case: Case, timer: Callable[[Callable], float] | 
             row.update(speed(row["ms"], flops, nbytes), flops=flops, bytes=nbytes)
     except Exception as e:
         row["error"] = describe(e)
-    return row
+        call = None
+    return row, call
 
 
 def add_speedups(rows: list[dict]) -> None:
@@ -189,11 +196,18 @@ def run_suite(configs: list[Config], methods: list[Method], device: torch.device
             rows += [dict(config=asdict(config), label=config.label, method=m.label, kind=m.kind, peer=m.peer,
                           error=error) for m in methods]
             continue
-        config_rows = []
+        config_rows, calls = [], {}
         for method in methods:
-            row = run_method(method, case, timer)
+            row, call = run_method(method, case, timer)
             progress(f"    {method.label}: {summary(row)}")
             config_rows.append(row)
+            if call is not None:
+                calls[len(config_rows) - 1] = call
+        launched = getattr(timer, "launched", None)
+        if launched is not None and calls:
+            progress(f"    eager and host µs/call: {LAUNCH_ROUNDS} rounds of {len(calls)} methods")
+            for i, result in launched(calls).items():
+                config_rows[i].update(result)
         add_speedups(config_rows)
         rows += config_rows
         del case
@@ -212,14 +226,34 @@ def summary(row: dict) -> str:
 
 
 def gpu_timer(warmup: int, rep: int) -> Callable[[Callable], dict]:
-    """{ms: in a CUDA graph, eager_ms: launched from Python, host_us: host time per call} of a call."""
+    """{ms: in a CUDA graph} of a call; its ``launched`` the eager and host times of a config's calls."""
     import triton.testing
 
     def timer(fn):
         torch.cuda.synchronize()   # do_bench_cudagraph runs on a stream of its own, which waits for nothing
-        graph = triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median")
-        eager = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-        return dict(ms=graph, eager_ms=eager, host_us=host_time(fn))
+        return dict(ms=triton.testing.do_bench_cudagraph(fn, rep=rep, return_mode="median"))
+
+    def launched(calls: dict) -> dict:
+        """{key: {eager_ms: launched from Python, host_us: host time per call}} of ``calls`` ({key: call}), timed
+        in LAUNCH_ROUNDS rounds that each take every call in turn (a failure: {error})."""
+        times = {key: ([], []) for key in calls}
+        results = {}
+        for _ in range(LAUNCH_ROUNDS):
+            for key, fn in calls.items():
+                if key in results:
+                    continue
+                try:
+                    eager = triton.testing.do_bench(fn, warmup=warmup / LAUNCH_ROUNDS, rep=rep / LAUNCH_ROUNDS,
+                                                    return_mode="median")
+                    times[key][0].append(eager)
+                    times[key][1].append(host_time(fn))
+                except Exception as e:
+                    results[key] = dict(error=describe(e))
+        for key, (eager, host) in times.items():
+            if key not in results:
+                results[key] = dict(eager_ms=statistics.median(eager), host_us=min(host))
+        return results
+    timer.launched = launched
     return timer
 
 
