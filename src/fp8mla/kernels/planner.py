@@ -199,8 +199,8 @@ _launch = CachedLauncher(plan_kernel)
 def launch_plan(cache_seqlens: torch.Tensor, c: Cut) -> tuple[torch.Tensor, torch.Tensor]:
     """(metadata [c.parts, 8] int32, num_splits [b + 1] int32) of a non-empty batch, by one launch."""
     b = cache_seqlens.shape[0]
-    meta = torch.empty(c.parts, METADATA_WIDTH.value, dtype=torch.int32, device=cache_seqlens.device)
-    num_splits = torch.empty(b + 1, dtype=torch.int32, device=cache_seqlens.device)
+    meta = cache_seqlens.new_empty((c.parts, METADATA_WIDTH.value), dtype=torch.int32)
+    num_splits = cache_seqlens.new_empty((b + 1,), dtype=torch.int32)
     block_p = max(16, 1 << c.parts.bit_length())   # >= parts + 1
     # the launch key: every int argument's value, cache_seqlens' alignment (its dtype is checked; the outputs are new)
     _launch((1,), (cache_seqlens, meta, num_splits, b, c.parts, c.most, c.step, c.combine),
