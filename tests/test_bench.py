@@ -259,6 +259,7 @@ def test_eager_and_host_times_come_from_alternating_rounds(monkeypatch):
     results = run.gpu_timer(warmup=25, rep=100).launched(calls)
     assert order == ["a"] * 52 + ["b"] * 52 + (["a"] * 52 + ["b"] * 52) * 4   # do_bench's call, host_time's 51
     assert results[0]["eager_ms"] == 3.0 and results[1]["eager_ms"] == 4.0
+    assert results[0]["eager_rounds_ms"] == [5.0, 1.0, 3.0, 9.0, 2.0] and len(results[0]["host_rounds_us"]) == 5
     assert results[0]["host_us"] == results[1]["host_us"] == pytest.approx(1e6 / 50)   # one tick over 50 calls
     assert results[2] == {"error": "RuntimeError: bad launch"}
 

@@ -208,6 +208,8 @@ def run_suite(configs: list[Config], methods: list[Method], device: torch.device
             progress(f"    eager and host µs/call: {LAUNCH_ROUNDS} rounds of {len(calls)} methods")
             for i, result in launched(calls).items():
                 config_rows[i].update(result)
+                rounds = " ".join(f"{ms:.3f}" for ms in result.get("eager_rounds_ms", []))
+                progress(f"    {config_rows[i]['method']}: eager ms by round {rounds}")
         add_speedups(config_rows)
         rows += config_rows
         del case
@@ -251,7 +253,8 @@ def gpu_timer(warmup: int, rep: int) -> Callable[[Callable], dict]:
                     results[key] = dict(error=describe(e))
         for key, (eager, host) in times.items():
             if key not in results:
-                results[key] = dict(eager_ms=statistics.median(eager), host_us=min(host))
+                results[key] = dict(eager_ms=statistics.median(eager), eager_rounds_ms=eager, host_us=min(host),
+                                    host_rounds_us=host)
         return results
     timer.launched = launched
     return timer
