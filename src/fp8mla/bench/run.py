@@ -245,8 +245,7 @@ def gpu_timer(warmup: int, rep: int) -> Callable[[Callable], dict]:
                 if key in results:
                     continue
                 try:
-                    eager = triton.testing.do_bench(fn, warmup=warmup / LAUNCH_ROUNDS, rep=rep / LAUNCH_ROUNDS,
-                                                    return_mode="median")
+                    eager = triton.testing.do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
                     times[key][0].append(eager)
                     times[key][1].append(host_time(fn))
                 except Exception as e:
