@@ -10,10 +10,9 @@ import torch
 
 from fp8mla import reference_mla_decode
 from fp8mla.__main__ import main
-from fp8mla.bench import peers
+from fp8mla.bench import peers, run
 from fp8mla.bench.metrics import decode_bytes, decode_flops, format_speed, needle_report, output_error, speed
 from fp8mla.bench.report import markdown
-from fp8mla.bench import run
 from fp8mla.bench.run import Config, add_speedups, configs_from_args, our_method, peer_method, run_suite
 from fp8mla.inputs import make_problem, plant_needles
 
@@ -251,7 +250,7 @@ def test_eager_and_host_times_come_from_alternating_rounds(monkeypatch):
     monkeypatch.setattr(triton.testing, "do_bench", do_bench)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
     clock = iter(range(10**6))
-    monkeypatch.setattr(run.time, "perf_counter", lambda: next(clock))   # one tick a call: host_time's 50 calls
+    monkeypatch.setattr(run.time, "perf_counter", lambda: next(clock))   # host_time's 50 calls: one tick
 
     def fails():
         raise RuntimeError("bad launch")
