@@ -146,6 +146,9 @@ class CachedLauncher:
         go((*grid, 1, 1)[:3], stream, params)
 
 
+_fixed_numbers: dict = {}   # (constexprs, options) -> a number of its own, never reused
+
+
 class Variant:
     """A CachedLauncher's launches with given constexprs and options, ``variant(grid, args, key, site)``: their
     part of the cache key and the constexprs' values are worked out once, when a plan (``planned``) makes it."""
@@ -153,7 +156,9 @@ class Variant:
 
     def __init__(self, launcher: CachedLauncher, constexprs: dict, options: dict):
         self.launcher, self.constexprs, self.options = launcher, constexprs, options
-        self.fixed = (tuple(constexprs.items()), tuple(options.items()))
+        # its part of the launch key, as a number (hashed on every launch)
+        self.fixed = _fixed_numbers.setdefault((tuple(constexprs.items()), tuple(options.items())),
+                                               len(_fixed_numbers))
         self.values = tuple(constexprs.values())
 
     def __call__(self, grid, args: tuple, key=None, site=ASK) -> None:

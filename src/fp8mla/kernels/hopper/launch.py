@@ -25,7 +25,7 @@ _descriptors: dict = {}
 def cache_descriptors(k_cache: torch.Tensor, kv_format: str):
     """TMA descriptors of a cache's latent, RoPE and scale columns (the scale's is the RoPE's where the format has
     none), built once per cache tensor."""
-    key = (k_cache.data_ptr(), tuple(k_cache.shape), kv_format)
+    key = (k_cache.data_ptr(), k_cache.shape, kv_format)
     if key not in _descriptors:
         rows = k_cache.shape[0] * formats.PAGE_SIZE
         lat_cols = formats.D_LATENT   # the latent part's columns per TMA box
