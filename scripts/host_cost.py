@@ -128,11 +128,11 @@ def print_parts(p, calls: int, rounds: int, sync) -> None:
              "torch.empty(lse)": lambda: torch.empty(b, h_q, s_q, dtype=torch.float32, device=p.q.device),
              "check_decode (out, lse given)": lambda: checks.check_decode(*args, out, lse),
              "kernels.select": lambda: kernels.select(None, p.q.device, call.kv_format, call.rows),
-             "launch_decode (q_quant, decode, combine)": lambda: kernels.launch_decode(decoder, call),
+             "launch_decode (q_quant where it runs, decode, combine)": lambda: kernels.launch_decode(decoder, call),
              "whole call (out, lse given)": lambda: fp8mla.flash_mla_with_kvcache(
                  *args[:7], causal=True, kv_format="fp8_rope_bf16", out=out, lse=lse),
              "whole call": lambda: fp8mla.flash_mla_with_kvcache(*args[:7], causal=True, kv_format="fp8_rope_bf16")}
-    if decoder.name == "hopper":   # the 64-row kernel's launch alone, its arguments ready (as launch_fp8 has them)
+    if decoder.name == "hopper":   # the 64-row kernel's launch alone on a quantized q, its arguments ready
         from fp8mla.kernels import launcher
         from fp8mla.kernels.hopper import launch as hopper_launch
         from fp8mla.kernels.q_quant import quantize_q
@@ -147,7 +147,8 @@ def print_parts(p, calls: int, rounds: int, sync) -> None:
                                   q8.stride()[:3])(call, q8, descale, o_part, lse_part, site)
         decode_args = recorded[0]
         cached = hopper_launch._launch_fp8
-        variant = cached.variant({**hopper_launch._fp8_constexprs(call), "ABLATE": 0}, num_warps=4)
+        variant = cached.variant({**hopper_launch._fp8_constexprs(call), "QUANTIZE_Q": False, "ABLATE": 0},
+                                 num_warps=4)
         constexprs = variant.constexprs
         steps["launcher.launch_site()"] = launcher.launch_site
         steps["decode launch: CachedLauncher (a plan's variant)"] = lambda: variant(grid, decode_args,

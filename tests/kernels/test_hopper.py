@@ -9,6 +9,8 @@ import torch
 from fp8mla import cal_diff, flash_mla_with_kvcache, get_mla_metadata, reference_mla_decode
 from fp8mla.inputs import make_problem
 from fp8mla import KV_FORMATS
+from fp8mla.kernels import launcher
+from fp8mla.kernels.hopper import launch as hopper_launch
 
 
 @pytest.fixture(scope="module")
@@ -18,8 +20,10 @@ def hopper_sass(env_without_interpreter):
     return {r["name"]: r for r in map(json.loads, out.splitlines())}
 
 
-FP8_VARIANTS = ["hopper[fp8_rope_bf16]", "hopper[fp8]", "hopper[fp8, fp8 q]"]
-SMALL_VARIANTS = [v.replace("hopper[", f"hopper_small{rows}[") for rows in (16, 32) for v in FP8_VARIANTS]
+Q_KINDS = ["fp8_rope_bf16", "fp8", "fp8, fp8 q"]   # a cache format, and the q the kernel reads
+SMALL_VARIANTS = [f"hopper_small{rows}[{kind}]" for rows in (16, 32) for kind in Q_KINDS]
+# the 64-row kernel also quantizing a bf16 q itself (launch.quantize_q_in_kernel)
+FP8_VARIANTS = [f"hopper[{kind}]" for kind in Q_KINDS] + [f"hopper[{f}, q quantized here]" for f in Q_KINDS[:2]]
 VARIANTS = ["hopper[bf16]"] + FP8_VARIANTS
 
 
@@ -113,3 +117,24 @@ def test_hopper_matches_reference(kv_format, q_fp8, b, s_q, h_q, seqlens, causal
                                             512, meta, num_splits, causal=causal, descale_q=args["descale_q"],
                                             descale_k=args["descale_k"], backend="portable")
     assert cal_diff(out.float(), port.float())["cos_diff"] <= 1e-3
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("kv_format", ["fp8_rope_bf16", "fp8"])
+def test_q_quantized_in_the_kernel_as_before_the_launch(monkeypatch, kv_format):
+    """The 64-row kernel's own quantization of a bf16 q gives q_quant.py's bytes: the same out and lse, bit for
+    bit, whichever quantizes it."""
+    b, s_q, h_q = 3, 2, 64
+    problem = make_problem(b, s_q, h_q, [700, 64, 1500], device="cuda")
+    meta, num_splits = get_mla_metadata(problem.cache_seqlens, s_q * h_q, 1, num_parts=3)
+    args = problem.quantized(kv_format)
+    assert 3 < hopper_launch.QUANTIZE_PARTS * b   # (the first call's q quantized in the kernel, the second's before)
+    results = []
+    for quantize_parts in (hopper_launch.QUANTIZE_PARTS, 0):
+        monkeypatch.setattr(hopper_launch, "QUANTIZE_PARTS", quantize_parts)
+        monkeypatch.setattr(launcher, "_plans", {})
+        results.append(flash_mla_with_kvcache(args["q"], args["k_cache"], problem.block_table, problem.cache_seqlens,
+                                              512, meta, num_splits, causal=True, descale_k=args["descale_k"],
+                                              backend="hopper"))
+    (out, lse), (want_out, want_lse) = results
+    assert not out.isnan().any() and torch.equal(out, want_out) and torch.equal(lse, want_lse)

@@ -33,11 +33,11 @@ def launches(monkeypatch):
     return calls
 
 
-def launch(kv_format, q_fp8, b=2, s_q=2, h_q=64, seqlens=(300, 70), scale=0.1):
+def launch(kv_format, q_fp8, b=2, s_q=2, h_q=64, seqlens=(300, 70), scale=0.1, num_parts=None):
     """The Hopper decoder the dispatch table picks for the call, launched (its Triton launch faked)."""
     p = make_problem(b, s_q, h_q, list(seqlens), seed=0)
     x = p.quantized(kv_format, q_fp8)
-    meta, num_splits = get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
+    meta, num_splits = get_mla_metadata(p.cache_seqlens, s_q * h_q, 1, num_parts=num_parts)
     rows = s_q * h_q
     call = check_decode(x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, meta, num_splits, scale, True,
                         x["descale_q"], x["descale_k"], kv_format, None, None)
@@ -61,11 +61,15 @@ def test_bf16_cache_reaches_the_bf16_kernel(launches, h_q, s_q):
 
 
 @pytest.mark.parametrize("kv_format,q_fp8", [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)])
-def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
-    p, x, meta, call = launch(kv_format, q_fp8)
+@pytest.mark.parametrize("num_parts", [2, 3])   # a part a request (a bf16 q quantized by the CTAs), 1.5 parts
+def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8, num_parts):
+    p, x, meta, call = launch(kv_format, q_fp8, num_parts=num_parts)
     ((name, grid, args, constexprs, options),) = launches
-    assert name == "hopper" and grid == (meta.shape[0], 2)
-    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ABLATE=0)
+    assert name == "hopper" and grid == (num_parts, 2)
+    in_kernel = not q_fp8 and num_parts < hopper_launch.QUANTIZE_PARTS * 2
+    assert in_kernel == (not q_fp8 and num_parts == 2)
+    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, QUANTIZE_Q=in_kernel,
+                              ABLATE=0)
     assert args[-3:] == (64, 2, 128)   # h_q, s_q and the query rows per request
     lat, rope, scale = args[4:7]
     assert list(lat.block_shape) == [64, 512] and lat.base.dtype == torch.float8_e4m3fn
@@ -79,6 +83,8 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8):
     assert descale_k is (x["descale_k"] if kv_format == "fp8" else p.cache_seqlens)   # placeholder: never read
     if q_fp8:
         assert q is x["q"] and descale_q is x["descale_q"]
+    elif in_kernel:   # q as it is (the kernel reads its bf16 rows), no descales
+        assert q is x["q"] and descale_q is p.cache_seqlens
     else:  # a bf16 q quantized before the launch: packed rows (the fp8 cache: RoPE e4m3 too), a descale per row
         want_q, want_descale = quantize_q(x["q"], rope_fp8=kv_format == "fp8")
         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(descale_q, want_descale)

@@ -10,9 +10,11 @@ launch's 65536 / 384 = 168-register cap, and a PV warpgroup's 64 x 256 fp32 accu
                one page ahead of the P.V wgmma, so a ring slot is released early; then O = O * alpha + P.V^T, and
                at a request's end O times the O scale to out or to the partial slot (epilogue.py).
 
-q arrives quantized by q_quant.py with a scale per row (for fp8_rope_bf16 its latent part, RoPE kept bf16; for the
-fp8 cache, whose RoPE keys are e4m3, the whole row, and its latent part then held in registers as the Q.K^T
-wgmma's A operand) or as an e4m3 q with one scale. The handshakes are handshakes.py's.
+A bf16 q is quantized with a scale per row (for fp8_rope_bf16 its latent part, RoPE kept bf16; for the fp8 cache,
+whose RoPE keys are e4m3, the whole row) by q_quant.py before the launch, or here at each request's start
+(QUANTIZE_Q: where requests are rarely split, so that few CTAs repeat it, and the call saves a launch); an e4m3 q
+comes with one scale. With the fp8 cache the latent q is then held in registers as the Q.K^T wgmma's A operand.
+The handshakes are handshakes.py's.
 """
 import triton.language as tl
 from triton.experimental import gluon
@@ -25,7 +27,7 @@ from .epilogue import pv_epilogue
 from .handshakes import Handoff, init_barriers
 from .layouts import (BLOCK_M, HALF, LEFT, O_ACC, PV_REGS, RIGHT, ROPE_PV_REGS, S_BF16, S_FP8, SCALE_COLS, STAGES,
                       dim_bit as _d, token_bit as _t)
-from .operands import Q_AS_IS, Q_PREQUANTIZED, allocate_operands, load_q
+from .operands import Q_AS_IS, Q_PREQUANTIZED, Q_QUANTIZE, allocate_operands, load_q
 from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, planned_for, request_range
 from .softmax import (ROW_LANES, key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page,
                       token_scales)
@@ -51,7 +53,7 @@ L_LANES = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_t(3)], lane_bases=
 
 @gluon.jit
 def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, ring, hand,
-                KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
+                KV_FORMAT: gl.constexpr, Q_SOURCE: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
     """query: (q_ptr, its strides of b, s, h); shape: (h_q, s_q, s_q * h_q); table: (block_table_ptr, its row
     stride, the cache's pages); scales: (descale_q_ptr, descale_k_ptr, softmax_scale * log2 e); q_smem: (q_lat,
     q_rope)."""
@@ -59,6 +61,7 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
     H, S_Q, R = shape
     descale_q_ptr, descale_k_ptr, sm_scale_log2 = scales
     q_lat, q_rope = q_smem
+    Q_FP8: gl.constexpr = Q_SOURCE == Q_AS_IS
     row_l: gl.constexpr = gl.SliceLayout(1, S_FP8)
     col_l: gl.constexpr = gl.SliceLayout(0, S_FP8)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, row_l)
@@ -82,7 +85,7 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
         if lo < hi:
             q_scale = gl.convert_layout(
                 load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, descale_q_ptr + req * R,
-                       Q_AS_IS if Q_FP8 else Q_PREQUANTIZED), row_l)
+                       Q_SOURCE), row_l)
             if KV_FORMAT == FP8:  # (Triton's barrier after load_q's cp.async wait: every thread's copies are in)
                 q_a = q_lat.load(Q_REGS)
             else:
@@ -184,7 +187,8 @@ def mla_decode_hopper_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
         block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
-        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
+        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, QUANTIZE_Q: gl.constexpr,
+        ABLATE: gl.constexpr):
     """R = H * S_Q, the query rows per request, comes as a parameter: computed in the partitions, LLVM made it
     one value before warp_specialize's branch, which ptxas kept in local memory."""
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
@@ -194,12 +198,13 @@ def mla_decode_hopper_kernel(
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr)
+    Q_SOURCE: gl.constexpr = Q_AS_IS if Q_FP8 else (Q_QUANTIZE if QUANTIZE_Q else Q_PREQUANTIZED)
     gl.warp_specialize([
         (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q, R), sched,
                        (block_table_ptr, stride_bt, num_pages),
                        (lse_ptr, lse_part_ptr), (lat_desc, rope_desc, scale_desc),
                        (descale_q_ptr, descale_k_ptr, sm_scale_log2), (q_lat, q_rope), ring, hand,
-                       KV_FORMAT, Q_FP8, CAUSAL, ABLATE)),
+                       KV_FORMAT, Q_SOURCE, CAUSAL, ABLATE)),
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, LEFT, ABLATE)),
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, RIGHT, ABLATE)),
     ], [4, 4], [ROPE_PV_REGS if KV_FORMAT == FP8_ROPE_BF16 else PV_REGS] * 2)

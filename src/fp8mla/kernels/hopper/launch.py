@@ -15,6 +15,7 @@ from .fp8 import mla_decode_hopper_kernel
 from .layouts import BLOCK_M, LAT_BF16_SMEM, LAT_SMEM, ROPE_BF16_SMEM, ROPE_FP8_SMEM, SCALE_COLS, SCALE_SMEM
 from .small import mla_decode_hopper_small_kernel, rows_per_cta
 
+QUANTIZE_PARTS = 1.25   # quantize_q_in_kernel's bound on a request's average parts
 ABLATE = 0   # ablations.py's flags for the 64-row kernels: 0 in every real call (hopper_check.py --ablate sets it)
 _launch_fp8 = CachedLauncher(mla_decode_hopper_kernel)
 _launch_small = CachedLauncher(mla_decode_hopper_small_kernel)
@@ -78,12 +79,21 @@ def _fp8_constexprs(call) -> dict:
     return dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != torch.bfloat16, CAUSAL=call.causal)
 
 
+def quantize_q_in_kernel(call, parts: int) -> bool:
+    """Whether fp8.py's kernel quantizes a bf16 q itself (each CTA its rows, at each request's start) rather than
+    q_quant.py before the launch: where requests average fewer than QUANTIZE_PARTS parts, so that the saved launch
+    outweighs the CTAs that repeat the work (docs/design.md)."""
+    return call.q.dtype == torch.bfloat16 and parts < QUANTIZE_PARTS * call.q.shape[0]
+
+
 def _plan_fp8(call, parts, ablate):
-    """fp8.py's kernel: 64 query rows a CTA; a bf16 q is quantized first (q_quant.py: packed rows, a scale per
-    row)."""
-    variant = _launch_fp8.variant({**_fp8_constexprs(call), "ABLATE": ablate}, num_warps=4)
+    """fp8.py's kernel: 64 query rows a CTA; a bf16 q is quantized in the kernel (quantize_q_in_kernel) or first
+    (q_quant.py: packed rows, a scale per row)."""
+    in_kernel = quantize_q_in_kernel(call, parts)
+    variant = _launch_fp8.variant({**_fp8_constexprs(call), "QUANTIZE_Q": in_kernel, "ABLATE": ablate},
+                                  num_warps=4)
     grid = (parts, -(-call.rows // BLOCK_M.value))
-    if call.q.dtype != torch.bfloat16:
+    if call.q.dtype != torch.bfloat16 or in_kernel:
         launch = _fp8_launch(variant, grid, call, call.q.stride()[:3])
         return lambda call, o_part, lse_part, site: launch(call, call.q, call.descale_q, o_part, lse_part, site)
     quantize, packed_strides = plan_quantize_q(call.q, rope_fp8=call.kv_format == "fp8")

@@ -14,7 +14,7 @@ from .layouts import HALF, LAT_SMEM, P_SMEM, Q_CHUNK, Q_LOAD, SCALE_COLS, SCALE_
 
 # what load_q finds at q's pointer
 Q_AS_IS = gl.constexpr(0)         # q in q_lat's dtype (an e4m3 q in fp8.py, a bf16 q in bf16.py): copied
-Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (small.py): quantized here
+Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (small.py; fp8.py where requests are rarely split): quantized here
 Q_PREQUANTIZED = gl.constexpr(2)  # a bf16 q quantized before the launch (fp8.py): q_quant's packed rows
 
 
@@ -46,15 +46,16 @@ def load_q(q_rows, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
     SOURCE: Q_AS_IS, Q_QUANTIZE (each row to e4m3 with a scale per row, amax / 448, as q_quant.py does it: the
     latent part, and the RoPE part too where q_rope is e4m3) or Q_PREQUANTIZED (q_quant's packed rows: e4m3 latent,
     then the RoPE part in q_rope's dtype; the request's descales at descale_ptr).
-    This code is on the critical path of every request's start: Q_QUANTIZE (up to 32 rows) reads the latent tile
-    once, whole (at most 128 values a thread); the other sources are copied by cp.async, every copy issued before the
-    one wait (one trip to memory, no registers held).
+    This code is on the critical path of every request's start: Q_QUANTIZE reads the latent tile once, whole, up
+    to 32 rows (at most 128 values a thread), and 64 rows in column chunks (_quantize_by_chunks); the other sources
+    are copied by cp.async, every copy issued before the one wait (one trip to memory, no registers held).
     """
     q_ptr, stride_qs, stride_qh, H, R = q_rows
     ROWS: gl.constexpr = q_lat.shape[0]
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
-    if SOURCE == Q_QUANTIZE:
-        gl.static_assert(ROWS <= 32, "the whole latent tile in registers")
+    if SOURCE == Q_QUANTIZE and ROWS > 32:
+        descale = _quantize_by_chunks(q_rows, q_lat, q_rope)
+    elif SOURCE == Q_QUANTIZE:
         row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
         ok = (rows < R)[:, None]
         x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
@@ -87,6 +88,50 @@ def load_q(q_rows, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
         async_copy.wait_group(0)
     fence_async_shared()
     return descale
+
+
+@gluon.jit
+def _quantize_by_chunks(q_rows, q_lat, q_rope):
+    """load_q's Q_QUANTIZE for a tile too large for registers (64 rows: 256 latent values a thread made ptxas
+    spill): the latent part is read twice by column chunks, for the rows' amax and then to scale it; the
+    arithmetic, so the bytes, are q_quant.py's."""
+    q_ptr, stride_qs, stride_qh, H, R = q_rows
+    ROWS: gl.constexpr = q_lat.shape[0]
+    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
+    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
+    ok = (rows < R)[:, None]
+    cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
+    rope_ptr = row_ptr + D_LATENT + gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
+    ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # one scale for the whole row: see q_quant.py
+    if ROPE_FP8:
+        amax = gl.max(gl.abs(gl.load(rope_ptr, mask=ok, other=0.0).to(gl.float32)), axis=1)
+    else:   # the bf16 RoPE part copied as it is, meanwhile
+        _copy_rows_async(q_rope, q_rows, D_LATENT)
+        async_copy.commit_group()
+        amax = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, Q_LOAD))
+    # q_lat as its column chunks, indexed at run time so that the loops stay loops (see load_q's copies)
+    N_CHUNKS: gl.constexpr = D_LATENT // Q_CHUNK
+    chunks = reinterpret(q_lat, q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
+    # two passes over the chunks, the rows' amax and then the scaling, as one loop (as two, ptxas spilled a PV
+    # warpgroup's register)
+    for i in range(2 * N_CHUNKS):
+        x = gl.load(row_ptr + (i % N_CHUNKS) * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
+        if i < N_CHUNKS:
+            amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
+        else:
+            chunks.index(i - N_CHUNKS).store((x * (1.0 / _descale(amax))[:, None]).to(gl.float8e4nv))
+    descale = _descale(amax)
+    scale = (1.0 / descale)[:, None]
+    if ROPE_FP8:   # (read again: not held through the latent passes)
+        q_rope.store((gl.load(rope_ptr, mask=ok, other=0.0).to(gl.float32) * scale).to(gl.float8e4nv))
+    else:
+        async_copy.wait_group(0)
+    return descale
+
+
+@gluon.jit
+def _descale(amax):
+    return gl.where(amax > 0, amax / FP8_MAX, 1.0)   # (1 for a row of zeros)
 
 
 @gluon.jit
