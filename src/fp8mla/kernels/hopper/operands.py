@@ -53,24 +53,25 @@ def load_q(q_rows, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
     q_ptr, stride_qs, stride_qh, H, R = q_rows
     ROWS: gl.constexpr = q_lat.shape[0]
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
-    if SOURCE == Q_QUANTIZE and ROWS > 32:
-        descale = _quantize_by_chunks(q_rows, q_lat, q_rope)
-    elif SOURCE == Q_QUANTIZE:
+    if SOURCE == Q_QUANTIZE:
         row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
         ok = (rows < R)[:, None]
-        x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
-        rope_ptr = row_ptr + D_LATENT + gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
-        amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
-        ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # one scale for the whole row: see q_quant.py
-        if ROPE_FP8:
-            x_rope = gl.load(rope_ptr, mask=ok, other=0.0)
-            amax = gl.maximum(amax, gl.max(gl.abs(x_rope.to(gl.float32)), axis=1))
-        descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
-        q_lat.store((x.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
-        if ROPE_FP8:
-            q_rope.store((x_rope.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
+        if ROWS > 32:
+            descale = _quantize_by_chunks(row_ptr, ok, q_rows, q_lat, q_rope)
         else:
-            q_rope.store(gl.load(rope_ptr, mask=ok, other=0.0))
+            x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
+            rope_ptr = _rope_ptr(row_ptr)
+            amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
+            ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # one scale for the whole row: see q_quant.py
+            if ROPE_FP8:
+                x_rope = gl.load(rope_ptr, mask=ok, other=0.0)
+                amax = gl.maximum(amax, gl.max(gl.abs(x_rope.to(gl.float32)), axis=1))
+            descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
+            q_lat.store((x.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
+            if ROPE_FP8:
+                q_rope.store((x_rope.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
+            else:
+                q_rope.store(gl.load(rope_ptr, mask=ok, other=0.0))
     else:
         if SOURCE == Q_PREQUANTIZED:
             descale = gl.load(descale_ptr + rows, mask=rows < R, other=1.0)
@@ -91,18 +92,15 @@ def load_q(q_rows, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
 
 
 @gluon.jit
-def _quantize_by_chunks(q_rows, q_lat, q_rope):
+def _quantize_by_chunks(row_ptr, ok, q_rows, q_lat, q_rope):
     """load_q's Q_QUANTIZE for a tile too large for registers (64 rows: 256 latent values a thread made ptxas
     spill): the latent part is read twice by column chunks, for the rows' amax and then to scale it; the
-    arithmetic, so the bytes, are q_quant.py's."""
-    q_ptr, stride_qs, stride_qh, H, R = q_rows
+    arithmetic, so the bytes, are q_quant.py's. row_ptr, ok: the rows' pointers and which rows exist, as load_q
+    has them."""
     ROWS: gl.constexpr = q_lat.shape[0]
-    rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
-    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
-    ok = (rows < R)[:, None]
     cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
-    rope_ptr = row_ptr + D_LATENT + gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]
-    ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # one scale for the whole row: see q_quant.py
+    rope_ptr = _rope_ptr(row_ptr)
+    ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # as in load_q
     if ROPE_FP8:
         amax = gl.max(gl.abs(gl.load(rope_ptr, mask=ok, other=0.0).to(gl.float32)), axis=1)
     else:   # the bf16 RoPE part copied as it is, meanwhile
@@ -127,6 +125,11 @@ def _quantize_by_chunks(q_rows, q_lat, q_rope):
     else:
         async_copy.wait_group(0)
     return descale
+
+
+@gluon.jit
+def _rope_ptr(row_ptr):
+    return row_ptr + D_LATENT + gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]   # [rows, 64]
 
 
 @gluon.jit
