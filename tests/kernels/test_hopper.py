@@ -9,7 +9,6 @@ import torch
 from fp8mla import cal_diff, flash_mla_with_kvcache, get_mla_metadata, reference_mla_decode
 from fp8mla.inputs import make_problem
 from fp8mla import KV_FORMATS
-from fp8mla.kernels import launcher
 from fp8mla.kernels.hopper import launch as hopper_launch
 
 
@@ -121,20 +120,27 @@ def test_hopper_matches_reference(kv_format, q_fp8, b, s_q, h_q, seqlens, causal
 
 @pytest.mark.hopper
 @pytest.mark.parametrize("kv_format", ["fp8_rope_bf16", "fp8"])
-def test_q_quantized_in_the_kernel_as_before_the_launch(monkeypatch, kv_format):
-    """The 64-row kernel's own quantization of a bf16 q gives q_quant.py's bytes: the same out and lse, bit for
-    bit, whichever quantizes it."""
+def test_q_quantized_in_the_kernel_as_before_the_launch(kv_format):
+    """The 64-row kernel's own quantization of a bf16 q gives q_quant.py's bytes: a call of split requests, which
+    quantizes q in the kernel when eager and with q_quant.py first in a CUDA graph, gives the same out and lse
+    either way, bit for bit."""
     b, s_q, h_q = 3, 2, 64
     problem = make_problem(b, s_q, h_q, [700, 64, 1500], device="cuda")
-    meta, num_splits = get_mla_metadata(problem.cache_seqlens, s_q * h_q, 1, num_parts=3)
+    meta, num_splits = get_mla_metadata(problem.cache_seqlens, s_q * h_q, 1, num_parts=5)
+    assert 5 >= hopper_launch.QUANTIZE_PARTS * b   # (the graph's q quantized before the launch)
     args = problem.quantized(kv_format)
-    assert 3 < hopper_launch.QUANTIZE_PARTS * b   # (the first call's q quantized in the kernel, the second's before)
-    results = []
-    for quantize_parts in (hopper_launch.QUANTIZE_PARTS, 0):
-        monkeypatch.setattr(hopper_launch, "QUANTIZE_PARTS", quantize_parts)
-        monkeypatch.setattr(launcher, "_plans", {})
-        results.append(flash_mla_with_kvcache(args["q"], args["k_cache"], problem.block_table, problem.cache_seqlens,
-                                              512, meta, num_splits, causal=True, descale_k=args["descale_k"],
-                                              backend="hopper"))
-    (out, lse), (want_out, want_lse) = results
+    out, lse = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda"), torch.empty(b, h_q, s_q,
+                                                                                                device="cuda")
+
+    def call():
+        return flash_mla_with_kvcache(args["q"], args["k_cache"], problem.block_table, problem.cache_seqlens, 512,
+                                      meta, num_splits, causal=True, descale_k=args["descale_k"], backend="hopper",
+                                      out=out, lse=lse)
+    want_out, want_lse = (t.clone() for t in call())   # eager: quantized in the kernel
+    out.fill_(0), lse.fill_(0)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    graph.replay()
+    torch.cuda.synchronize()
     assert not out.isnan().any() and torch.equal(out, want_out) and torch.equal(lse, want_lse)

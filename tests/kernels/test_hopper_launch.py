@@ -62,12 +62,17 @@ def test_bf16_cache_reaches_the_bf16_kernel(launches, h_q, s_q):
 
 @pytest.mark.parametrize("kv_format,q_fp8", [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)])
 @pytest.mark.parametrize("num_parts", [2, 3])   # a part a request (a bf16 q quantized by the CTAs), 1.5 parts
-def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8, num_parts):
+@pytest.mark.parametrize("capturing", [False, True])   # an eager call, one captured in a CUDA graph
+def test_fp8_caches_reach_the_fp8_kernel(launches, monkeypatch, kv_format, q_fp8, num_parts, capturing):
+    monkeypatch.setattr(launcher, "capturing", lambda device: capturing)
     p, x, meta, call = launch(kv_format, q_fp8, num_parts=num_parts)
+    in_kernel = not q_fp8 and (not capturing or num_parts < hopper_launch.QUANTIZE_PARTS * 2)
+    assert in_kernel == (not q_fp8 and (not capturing or num_parts == 2))
+    if in_kernel and num_parts == 3:   # the first eager call also loads what a graph's capture will launch
+        assert [c[3]["QUANTIZE_Q"] for c in launches] == [False, True]
+        launches[:] = launches[1:]
     ((name, grid, args, constexprs, options),) = launches
     assert name == "hopper" and grid == (num_parts, 2)
-    in_kernel = not q_fp8 and num_parts < hopper_launch.QUANTIZE_PARTS * 2
-    assert in_kernel == (not q_fp8 and num_parts == 2)
     assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, QUANTIZE_Q=in_kernel,
                               ABLATE=0)
     assert args[-3:] == (64, 2, 128)   # h_q, s_q and the query rows per request
@@ -90,6 +95,18 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, kv_format, q_fp8, num_parts):
         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(descale_q, want_descale)
         width = 576 if kv_format == "fp8" else 640
         assert q.stride()[:3] == (2 * 64 * width, 64 * width, width) and descale_q.shape == (2 * 2 * 64,)
+
+
+def test_an_eager_call_of_split_requests_quantizes_q_in_the_kernel(launches, monkeypatch):
+    """Requests of 1.5 parts on average, a bf16 q: every eager call quantizes it in the kernel (the first also
+    launches the graph path, q_quant.py first, once), a call being captured quantizes it first."""
+    monkeypatch.setattr(launcher, "capturing", lambda device: False)
+    for _ in range(3):
+        launch("fp8_rope_bf16", False, num_parts=3)
+    assert [c[3]["QUANTIZE_Q"] for c in launches] == [False, True, True, True]
+    monkeypatch.setattr(launcher, "capturing", lambda device: True)
+    launch("fp8_rope_bf16", False, num_parts=3)
+    assert launches[-1][3]["QUANTIZE_Q"] is False and len(launches) == 5
 
 
 @pytest.mark.parametrize("s_q,h_q,rows", [(1, 16, 16), (2, 16, 32), (3, 8, 32), (1, 32, 32)])

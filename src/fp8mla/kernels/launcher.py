@@ -201,6 +201,11 @@ def _triton_launch(kernel):
     return go
 
 
+def capturing(device: torch.device) -> bool:
+    """Whether work launched now on ``device`` goes into a CUDA graph being captured (never on the CPU)."""
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 _scratch: dict = {}
 
 
@@ -209,7 +214,7 @@ def scratch(device: torch.device, *specs: tuple[tuple, torch.dtype]) -> tuple[to
     quantized q), reused by later calls on the same stream: their kernels run after this call's, so they never
     overwrite them early. Under CUDA-graph capture (whose graph keeps what it captured) and on the CPU they are new
     ones each time."""
-    if device.type != "cuda" or torch.cuda.is_current_stream_capturing():
+    if device.type != "cuda" or capturing(device):
         return tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs)
     key = (_current_stream(device.index), specs)
     buffers = _scratch.get(key)

@@ -8,6 +8,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ... import formats
 from ..constants import FORMAT_CODE, LOG2E
+from .. import launcher
 from ..launcher import CachedLauncher, planned
 from ..q_quant import plan_quantize_q
 from .bf16 import K_BOX, mla_decode_hopper_bf16_kernel
@@ -81,25 +82,38 @@ def _fp8_constexprs(call) -> dict:
 
 def quantize_q_in_kernel(call, parts: int) -> bool:
     """Whether fp8.py's kernel quantizes a bf16 q itself (each CTA its rows, at each request's start) rather than
-    q_quant.py before the launch: where requests average fewer than QUANTIZE_PARTS parts, so that the saved launch
-    outweighs the CTAs that repeat the work (docs/design.md)."""
+    q_quant.py before the launch, in CUDA graphs too: where requests average fewer than QUANTIZE_PARTS parts, so
+    that the saved launch outweighs the CTAs that repeat the work (docs/design.md). Eager calls always do
+    (_plan_fp8)."""
     return call.q.dtype == torch.bfloat16 and parts < QUANTIZE_PARTS * call.q.shape[0]
 
 
 def _plan_fp8(call, parts, ablate):
-    """fp8.py's kernel: 64 query rows a CTA; a bf16 q is quantized in the kernel (quantize_q_in_kernel) or first
-    (q_quant.py: packed rows, a scale per row)."""
-    in_kernel = quantize_q_in_kernel(call, parts)
-    variant = _launch_fp8.variant({**_fp8_constexprs(call), "QUANTIZE_Q": in_kernel, "ABLATE": ablate},
-                                  num_warps=4)
-    grid = (parts, -(-call.rows // BLOCK_M.value))
-    if call.q.dtype != torch.bfloat16 or in_kernel:
-        launch = _fp8_launch(variant, grid, call, call.q.stride()[:3])
-        return lambda call, o_part, lse_part, site: launch(call, call.q, call.descale_q, o_part, lse_part, site)
+    """fp8.py's kernel: 64 query rows a CTA. A bf16 q is quantized in the kernel where quantize_q_in_kernel says so
+    and in every eager call, where a launch's host time outweighs the CTAs' repeated quantization; in a CUDA graph
+    of split requests, by q_quant.py first (packed rows, a scale per row). Both give the same bytes."""
+    def launch_with(quantize_q, q_strides):
+        variant = _launch_fp8.variant({**_fp8_constexprs(call), "QUANTIZE_Q": quantize_q, "ABLATE": ablate},
+                                      num_warps=4)
+        return _fp8_launch(variant, (parts, -(-call.rows // BLOCK_M.value)), call, q_strides)
+
+    in_kernel = launch_with(call.q.dtype == torch.bfloat16, call.q.stride()[:3])
+    if call.q.dtype != torch.bfloat16 or quantize_q_in_kernel(call, parts):
+        return lambda call, o_part, lse_part, site: in_kernel(call, call.q, call.descale_q, o_part, lse_part, site)
     quantize, packed_strides = plan_quantize_q(call.q, rope_fp8=call.kv_format == "fp8")
-    launch = _fp8_launch(variant, grid, call, packed_strides)
-    return lambda call, o_part, lse_part, site: launch(call, *quantize(call.q, call.signature, site), o_part,
-                                                       lse_part, site)
+    quantized_first = launch_with(False, packed_strides)
+
+    loaded = []   # the graph path's kernels: loaded by an eager call (a CUDA graph's capture cannot load modules)
+
+    def launch(call, o_part, lse_part, site):
+        if launcher.capturing(call.q.device):
+            quantized_first(call, *quantize(call.q, call.signature, site), o_part, lse_part, site)
+            return
+        if not loaded:   # (the same out and lse, written twice)
+            quantized_first(call, *quantize(call.q, call.signature, site), o_part, lse_part, site)
+            loaded.append(True)
+        in_kernel(call, call.q, None, o_part, lse_part, site)
+    return launch
 
 
 def _plan_small(call, parts):
