@@ -40,7 +40,11 @@ def test_valid_call_runs(call):
     (lambda b: dict(block_table=b["block_table"].long()), TypeError, "block_table must be"),
     (lambda b: dict(block_table=b["block_table"][:1]), ValueError, "batch size"),
     (lambda b: dict(cache_seqlens=b["cache_seqlens"].long()), TypeError, "cache_seqlens must be"),
+    (lambda b: dict(cache_seqlens=b["cache_seqlens"][:1].expand(2)), ValueError, "cache_seqlens must be contig"),
+    (lambda b: dict(cache_seqlens=torch.stack([b["cache_seqlens"]] * 2, 1)[:, 0]), ValueError, "must be contig"),
     (lambda b: dict(num_splits=b["num_splits"][:-1]), ValueError, "num_splits must be"),
+    (lambda b: dict(num_splits=torch.stack([b["num_splits"]] * 2, 1)[:, 0]), ValueError, "num_splits must be a "
+                                                                                         "contiguous"),
     (lambda b: dict(tile_scheduler_metadata=b["tile_scheduler_metadata"][:, :4]), ValueError, "num_parts, 8"),
     (lambda b: dict(descale_k=torch.ones(1)), ValueError, "only for the 'fp8' format"),
     (lambda b: dict(descale_q=torch.ones(1)), ValueError, "only for a float8_e4m3fn q"),
@@ -87,6 +91,8 @@ def test_metadata_rejects_what_the_call_rejects(device):
         get_mla_metadata(torch.ones(2, dtype=torch.int32, device=device), 16, 2)
     with pytest.raises(ValueError, match=">= 1"):
         get_mla_metadata(torch.ones(2, dtype=torch.int32, device=device), 0, 1)
+    with pytest.raises(ValueError, match="contiguous"):   # (an expanded one: its kernel would read past it)
+        get_mla_metadata(torch.ones(1, dtype=torch.int32, device=device).expand(3), 16, 1)
 
 
 def test_a_schedule_object_is_planned_once_per_batch_configuration(call, device, monkeypatch):

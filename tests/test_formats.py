@@ -104,3 +104,6 @@ def test_bad_inputs():
     with pytest.raises(ValueError, match="contiguous"):
         write_kv_cache(torch.zeros(512, 2).t(), torch.zeros(2, 64), empty_kv_cache(1, "bf16"),
                        torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(ValueError, match="slot_mapping must be a contiguous"):   # (the kernel would read past it)
+        write_kv_cache(torch.zeros(2, 512), torch.zeros(2, 64), empty_kv_cache(1, "bf16"),
+                       torch.zeros(1, dtype=torch.int64).expand(2))

@@ -104,8 +104,9 @@ def write_kv_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, k_cache: torch.Tensor
         raise ValueError(f"kv_c must be [num_tokens, {D_LATENT}], got {list(kv_c.shape)}")
     if k_pe.dim() != 2 or k_pe.shape != (kv_c.shape[0], D_ROPE):
         raise ValueError(f"k_pe must be [num_tokens, {D_ROPE}] matching kv_c, got {list(k_pe.shape)}")
-    if slot_mapping.shape != (kv_c.shape[0],) or slot_mapping.dtype not in (torch.int32, torch.int64):
-        raise ValueError(f"slot_mapping must be an int32/int64 [{kv_c.shape[0]}] tensor")
+    if slot_mapping.shape != (kv_c.shape[0],) or slot_mapping.dtype not in (torch.int32, torch.int64) \
+            or not slot_mapping.is_contiguous():   # (the kernel reads consecutive slots)
+        raise ValueError(f"slot_mapping must be a contiguous int32/int64 [{kv_c.shape[0]}] tensor")
     if not kv_c.dtype.is_floating_point or not k_pe.dtype.is_floating_point:
         raise TypeError("kv_c and k_pe must be floating point")
     if kv_c.stride(1) != 1 or k_pe.stride(1) != 1:  # the kernel steps through rows by stride(0) only

@@ -75,6 +75,8 @@ def check_cache(k_cache, kv_format: str | None) -> str:
 
 def check_seqlens(cache_seqlens) -> None:
     check_tensor("cache_seqlens", cache_seqlens, (torch.int32,), dim=1)
+    if not cache_seqlens.is_contiguous():   # the kernels read it as consecutive int32s
+        raise ValueError(f"cache_seqlens must be contiguous, got strides {cache_seqlens.stride()}")
 
 
 def _check_arguments(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale, causal,
@@ -108,9 +110,9 @@ def _check_arguments(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, n
             raise ValueError(f"tile_scheduler_metadata must be a contiguous [num_parts, {METADATA_WIDTH}] tensor "
                              "from get_mla_metadata")
         check_tensor("num_splits", num_splits, (torch.int32,), dim=1)
-        if num_splits.shape[0] != b + 1:
-            raise ValueError(f"num_splits must be [{b + 1}] (from get_mla_metadata for this batch), "
-                             f"got {list(num_splits.shape)}")
+        if num_splits.shape[0] != b + 1 or not num_splits.is_contiguous():
+            raise ValueError(f"num_splits must be a contiguous [{b + 1}] tensor (from get_mla_metadata for this "
+                             f"batch), got shape {list(num_splits.shape)}, strides {num_splits.stride()}")
         schedule = (("tile_scheduler_metadata", meta), ("num_splits", num_splits))
     device = q.device
     for name, t in (("k_cache", k_cache), ("block_table", block_table), ("cache_seqlens", cache_seqlens),
