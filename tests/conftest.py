@@ -38,3 +38,11 @@ def env_without_interpreter():
 def device():
     """Where kernel tests run: the GPU if there is one, else the CPU through the interpreter."""
     return torch.device("cuda" if HAS_GPU else "cpu")
+
+
+@pytest.fixture(autouse=True)
+def no_plans_from_other_tests(monkeypatch):
+    """Each test plans its calls anew: plans are kept per argument signature (kernels/launcher.planned), and a test
+    may change what they depend on beyond it (e.g. runtime.sm_count, fixed in a real process)."""
+    from fp8mla.kernels import launcher
+    monkeypatch.setattr(launcher, "_plans", {})

@@ -7,7 +7,7 @@ import torch
 from . import checks, kernels   # (kernels/__init__ imports no Triton: __main__ may still switch the interpreter on)
 from .formats import D_LATENT, D_ROPE
 from .runtime import interpreter_active
-from .schedule import MLASchedule, cut, plan
+from .schedule import MLASchedule, plan
 
 
 def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per_head_k: int | None = None,
@@ -27,12 +27,10 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per
     """
     if cache_seqlens is None:
         return MLASchedule(), None
-    checks.check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
-    b = cache_seqlens.shape[0]
-    if b == 0 or (cache_seqlens.device.type == "cpu" and not interpreter_active()):
+    signature = checks.check_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_parts)
+    if cache_seqlens.shape[0] == 0 or (not cache_seqlens.is_cuda and not interpreter_active()):
         return plan(cache_seqlens, num_q_tokens_per_head_k, num_parts)   # (the same schedule, in torch ops)
-    return kernels.lazy("planner").launch_plan(cache_seqlens,
-                                               cut(b, num_q_tokens_per_head_k, cache_seqlens.device, num_parts))
+    return kernels.lazy("planner").launch_plan(cache_seqlens, num_q_tokens_per_head_k, num_parts, signature)
 
 
 def _planned(call: checks.DecodeCall) -> checks.DecodeCall:

@@ -198,6 +198,29 @@ def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_s
                       descale_k, softmax_scale, causal, number, s_q * h_q)
 
 
+_metadata_checked: dict = {}   # signature -> its number: get_mla_metadata's checks passed for it
+
+
+def check_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_parts) -> int | None:
+    """get_mla_metadata's arguments checked (check_metadata_args), once per signature as in check_decode; returns
+    the signature's number (None: an argument of another type than expected, checked in full)."""
+    try:
+        signature = ((cache_seqlens.dtype, cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.device,
+                      not cache_seqlens.data_ptr() & 15, cache_seqlens.is_cuda or interpreter_active())
+                     if type(cache_seqlens) is torch.Tensor else _not_a_tensor(),
+                     num_q_tokens_per_head_k, num_heads_k, num_parts)
+        number = _metadata_checked.get(signature)
+    except TypeError:
+        signature = number = None
+    if number is None:
+        check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
+        if signature is not None:
+            if len(_metadata_checked) >= 256:
+                _metadata_checked.clear()
+            number = _metadata_checked[signature] = next(_numbers)
+    return number
+
+
 def check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k) -> None:
     """get_mla_metadata's arguments: what the decode call would reject is rejected here too."""
     if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.dim() != 1:

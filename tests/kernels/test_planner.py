@@ -28,7 +28,7 @@ def test_planner_matches_the_reference(seed, device, monkeypatch):
     seqlens = batch(["equal", "short", "long"][seed % 3], b, g).to(device)
     num_parts = rnd.choice([None, None, None, 1, 7, sms])
     c = schedule.cut(b, rows, seqlens.device, num_parts)
-    meta, num_splits = launch_plan(seqlens, c)
+    meta, num_splits = launch_plan(seqlens, rows, num_parts)
     want_meta, want_splits = schedule.plan(seqlens, rows, num_parts)
     assert torch.equal(meta, want_meta), (c, seqlens.tolist())
     assert torch.equal(num_splits, want_splits), (c, seqlens.tolist())
@@ -42,3 +42,14 @@ def test_get_mla_metadata_plans_by_the_kernel(device, monkeypatch):
     monkeypatch.setattr(planner, "launch_plan", lambda *args: launched.append(args) or schedule.plan(args[0], 16))
     get_mla_metadata(torch.full((3,), 100, dtype=torch.int32, device=device), 16, 1)
     assert len(launched) == 1
+
+
+def test_a_planned_signature_schedules_each_steps_seqlens(device):
+    """get_mla_metadata plans its launch once per argument signature; later steps' seqlens (same shape, new
+    values) still get their own schedule, the reference's."""
+    g = torch.Generator().manual_seed(0)
+    for kind in ("long", "equal", "short", "long"):
+        seqlens = batch(kind, 5, g).to(device)
+        meta, num_splits = get_mla_metadata(seqlens, 64, 1)
+        want_meta, want_splits = schedule.plan(seqlens, 64)
+        assert torch.equal(meta, want_meta) and torch.equal(num_splits, want_splits), (kind, seqlens.tolist())

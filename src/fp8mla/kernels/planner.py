@@ -6,14 +6,16 @@ schedule can be built eagerly for a few microseconds of host time or captured in
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
-from ..schedule import Cut
+from ..schedule import cut
 from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, COMBINE_STEP_PAGES, END_PAGE, END_REQ,
                         END_REQ_PAGES, FIXED_COST, METADATA_WIDTH, PAGE_SIZE)
-from .launcher import CachedLauncher
+from .launcher import ASK, CachedLauncher, planned
 
 BLOCK_B = tl.constexpr(32)   # requests per block of a walk
 
@@ -196,14 +198,34 @@ def plan_kernel(seqlens_ptr, meta_ptr, num_splits_ptr, b, parts, most, step, com
 _launch = CachedLauncher(plan_kernel)
 
 
-def launch_plan(cache_seqlens: torch.Tensor, c: Cut) -> tuple[torch.Tensor, torch.Tensor]:
-    """(metadata [c.parts, 8] int32, num_splits [b + 1] int32) of a non-empty batch, by one launch."""
-    b = cache_seqlens.shape[0]
-    meta = cache_seqlens.new_empty((c.parts, METADATA_WIDTH.value), dtype=torch.int32)
-    num_splits = cache_seqlens.new_empty((b + 1,), dtype=torch.int32)
-    block_p = max(16, 1 << c.parts.bit_length())   # >= parts + 1
-    # the launch key: every int argument's value, cache_seqlens' alignment (its dtype is checked; the outputs are new)
-    _launch((1,), (cache_seqlens, meta, num_splits, b, c.parts, c.most, c.step, c.combine),
-            dict(STEPS=c.steps, ALIGN=c.align, BLOCK_P=block_p), key=(not cache_seqlens.data_ptr() & 15, b, c),
-            num_warps=8)
-    return meta, num_splits
+class ScheduleCall(NamedTuple):
+    cache_seqlens: torch.Tensor
+    rows: int                # query rows per request
+    num_parts: int | None
+    signature: int | None    # checks.check_metadata's number (None: unknown)
+
+
+def _plan(call: ScheduleCall):
+    """``launch(call)`` for calls of ``call``'s signature: the cut, the constexprs and the sizes worked out once."""
+    b = call.cache_seqlens.shape[0]
+    c = cut(b, call.rows, call.cache_seqlens.device, call.num_parts)
+    variant = _launch.variant(dict(STEPS=c.steps, ALIGN=c.align, BLOCK_P=max(16, 1 << c.parts.bit_length())),
+                              num_warps=8)   # (BLOCK_P >= parts + 1)
+    sizes = (b, c.parts, c.most, c.step, c.combine)
+
+    def launch(call):
+        meta = call.cache_seqlens.new_empty((c.parts, METADATA_WIDTH.value), dtype=torch.int32)
+        num_splits = call.cache_seqlens.new_empty((b + 1,), dtype=torch.int32)
+        # the launch key: the signature's number, which fixes cache_seqlens' dtype and alignment and every int
+        # argument (the outputs are new, so aligned); None: worked out from the arguments
+        variant((1,), (call.cache_seqlens, meta, num_splits, *sizes), call.signature, ASK)
+        return meta, num_splits
+    return launch
+
+
+def launch_plan(cache_seqlens: torch.Tensor, rows: int, num_parts: int | None = None,
+                signature: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(metadata [parts, 8] int32, num_splits [b + 1] int32) of a non-empty batch of ``rows`` query rows a request,
+    by one launch, planned once per signature (launcher.planned)."""
+    call = ScheduleCall(cache_seqlens, rows, num_parts, signature)
+    return planned(_plan, call)(call)
