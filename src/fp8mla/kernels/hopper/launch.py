@@ -103,16 +103,18 @@ def _plan_fp8(call, parts, ablate):
     quantize, packed_strides = plan_quantize_q(call.q, rope_fp8=call.kv_format == "fp8")
     quantized_first = launch_with(False, packed_strides)
 
-    loaded = []   # the graph path's kernels: loaded by an eager call (a CUDA graph's capture cannot load modules)
+    graph_path_loaded = False
 
     def launch(call, o_part, lse_part, site):
-        if launcher.capturing(call.q.device):
+        nonlocal graph_path_loaded
+        capturing = launcher.capturing(call.q.device)
+        # the first eager call also runs the graph path (the same out and lse, written twice), so that its kernels
+        # are loaded before a capture, which cannot load a module
+        if capturing or not graph_path_loaded:
             quantized_first(call, *quantize(call.q, call.signature, site), o_part, lse_part, site)
-            return
-        if not loaded:   # (the same out and lse, written twice)
-            quantized_first(call, *quantize(call.q, call.signature, site), o_part, lse_part, site)
-            loaded.append(True)
-        in_kernel(call, call.q, None, o_part, lse_part, site)
+            graph_path_loaded = True
+        if not capturing:
+            in_kernel(call, call.q, None, o_part, lse_part, site)
     return launch
 
 
