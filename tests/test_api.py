@@ -4,6 +4,7 @@ import torch
 
 from fp8mla import checks, flash_mla_with_kvcache, get_mla_metadata, hopper_available, quantize_kv_cache
 from fp8mla.inputs import make_problem
+from fp8mla.schedule import END_REQ
 
 
 @pytest.fixture
@@ -70,6 +71,11 @@ def test_bad_inputs_raise_before_launch(call, change, error, match):
     (lambda b: dict(block_table=b["block_table"] + 1000), "outside the cache"),
     (lambda b: dict(cache_seqlens=-b["cache_seqlens"]), ">= 0"),
     (lambda b: dict(cache_seqlens=torch.ones_like(b["cache_seqlens"])), "planned for other cache_seqlens"),
+    # parts that cover no page (the kernels would leave out and lse unwritten), a schedule never written
+    (lambda b: dict(tile_scheduler_metadata=torch.where(torch.arange(8, device=b["q"].device) == END_REQ, -1,
+                                                        b["tile_scheduler_metadata"])), "or never written"),
+    (lambda b: dict(tile_scheduler_metadata=torch.randint_like(b["tile_scheduler_metadata"], -3, 3)),
+     "or never written"),
 ])
 def test_validate_names_bad_data(call, change, match):
     """The opt-in data check names what is wrong (without it the kernels NaN-mark the requests: test_safety.py)."""

@@ -15,7 +15,7 @@ import torch
 
 from .formats import D_LATENT, D_QK, FP8_DTYPE, PAGE_SIZE, infer_kv_format
 from .runtime import interpreter_active
-from .schedule import BEGIN_REQ, BEGIN_REQ_PAGES, END_REQ, END_REQ_PAGES, METADATA_WIDTH, MLASchedule
+from .schedule import METADATA_WIDTH, MLASchedule, plan
 
 
 class DecodeCall(NamedTuple):
@@ -234,8 +234,8 @@ def check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k) -> 
 
 
 def check_indices(call: DecodeCall) -> None:
-    """The opt-in data check (one host read-back): seqlens are >= 0 and fit the block table, used pages exist, and
-    the schedule was planned for these seqlens."""
+    """The opt-in data check (host read-backs): seqlens are >= 0 and fit the block table, used pages exist, and
+    the schedule is get_mla_metadata's for these seqlens."""
     block_table, cache_seqlens, num_pages = call.block_table, call.cache_seqlens, call.k_cache.shape[0]
     max_pages = block_table.shape[1]
     pages = (cache_seqlens.long() + PAGE_SIZE - 1) // PAGE_SIZE
@@ -252,19 +252,19 @@ def check_indices(call: DecodeCall) -> None:
                          f"(pages of {PAGE_SIZE} tokens)")
     if lo < 0 or hi >= num_pages:
         raise ValueError(f"block_table refers to page {lo if lo < 0 else hi}, outside the cache's {num_pages} pages")
-    if not isinstance(call.meta, MLASchedule) and not planned_for(call.meta, call.num_splits, pages):
-        raise ValueError("tile_scheduler_metadata and num_splits were planned for other cache_seqlens: call "
-                         "get_mla_metadata again for this step's seqlens")
+    if not isinstance(call.meta, MLASchedule) and not is_schedule_for(call):
+        raise ValueError("tile_scheduler_metadata and num_splits are not get_mla_metadata's schedule for these "
+                         "cache_seqlens (planned for other cache_seqlens, or never written): call get_mla_metadata "
+                         "again for this step's seqlens")
 
 
-def planned_for(meta: torch.Tensor, num_splits: torch.Tensor, pages: torch.Tensor) -> bool:
-    """Whether a schedule was planned for requests of ``pages`` pages, as the kernels check it (one read-back):
-    each part's first and last requests have the page counts it records, and a request has splits iff it has
-    pages."""
-    b = pages.shape[0]
-    used = meta[:, END_REQ] >= meta[:, BEGIN_REQ]
-    first = meta[:, BEGIN_REQ].long().clamp(0, max(b - 1, 0))
-    last = meta[:, END_REQ].long().clamp(0, max(b - 1, 0))
-    wrong = used & ((pages[first] != meta[:, BEGIN_REQ_PAGES]) | (pages[last] != meta[:, END_REQ_PAGES]))
-    splits = num_splits[1:] - num_splits[:-1]
-    return not bool(wrong.any() | ((splits > 0) != (pages > 0)).any())
+def is_schedule_for(call: DecodeCall) -> bool:
+    """Whether the call's schedule is what get_mla_metadata plans for its seqlens and query rows, with the default
+    number of parts or with as many as it has (its reference, schedule.plan; read back). Stricter than the kernels'
+    own check, which looks at each part's first and last requests only."""
+    for num_parts in (None, call.meta.shape[0]):
+        meta, num_splits = plan(call.cache_seqlens, call.rows, num_parts)
+        if meta.shape == call.meta.shape and torch.equal(meta, call.meta) and torch.equal(num_splits,
+                                                                                           call.num_splits):
+            return True
+    return False
