@@ -12,8 +12,8 @@ launch's 65536 / 384 = 168-register cap, and a PV warpgroup's 64 x 256 fp32 accu
 
 A bf16 q is quantized with a scale per row (for fp8_rope_bf16 its latent part, RoPE kept bf16; for the fp8 cache,
 whose RoPE keys are e4m3, the whole row) by q_quant.py before the launch, or here at each request's start
-(QUANTIZE_Q: where requests are rarely split, so that few CTAs repeat it, and the call saves a launch); an e4m3 q
-comes with one scale. With the fp8 cache the latent q is then held in registers as the Q.K^T wgmma's A operand.
+(QUANTIZE_Q: in eager calls, and in CUDA graphs where requests are rarely split, so that few CTAs repeat it; the
+call saves a launch, launch.py); an e4m3 q comes with one scale. With the fp8 cache the latent q is then held in registers as the Q.K^T wgmma's A operand.
 The handshakes are handshakes.py's.
 """
 import triton.language as tl

@@ -14,7 +14,7 @@ from .layouts import HALF, LAT_SMEM, P_SMEM, Q_CHUNK, Q_LOAD, SCALE_COLS, SCALE_
 
 # what load_q finds at q's pointer
 Q_AS_IS = gl.constexpr(0)         # q in q_lat's dtype (an e4m3 q in fp8.py, a bf16 q in bf16.py): copied
-Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (small.py; fp8.py where requests are rarely split): quantized here
+Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (small.py; fp8.py with QUANTIZE_Q): quantized here
 Q_PREQUANTIZED = gl.constexpr(2)  # a bf16 q quantized before the launch (fp8.py): q_quant's packed rows
 
 
