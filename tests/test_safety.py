@@ -8,6 +8,7 @@ import torch
 from fp8mla import (KV_FORMATS, cal_diff, empty_kv_cache, flash_mla_with_kvcache, get_mla_metadata, hopper_available,
                     reference_mla_decode, write_kv_cache)
 from fp8mla.inputs import make_problem
+from fp8mla.schedule import BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, END_REQ
 
 
 def backends(device):
@@ -25,10 +26,11 @@ def decode(p, kv_format, backend, seqlens=None, schedule=None, block_table=None)
                                   kv_format=kv_format, backend=backend)
 
 
-def check(p, out, lse, bad, seqlens=None, nan_required=True):
-    """Requests in ``bad`` all NaN (if ``nan_required``; else NaN or right), the others as the reference has them."""
-    ref, ref_lse = reference_mla_decode(p.q, p.kv, p.block_table,
-                                        p.cache_seqlens if seqlens is None else seqlens.clamp(min=0), causal=True)
+def check(p, out, lse, bad, seqlens=None, nan_required=True, ref=None):
+    """Requests in ``bad`` all NaN (if ``nan_required``; else NaN or right), the others as the reference (``ref``
+    if given) has them."""
+    ref = ref if ref is not None else reference_mla_decode(
+        p.q, p.kv, p.block_table, p.cache_seqlens if seqlens is None else seqlens.clamp(min=0), causal=True)[0]
     marked = []
     for i in range(p.shape[0]):
         nan = out[i].isnan().all() and lse[i].isnan().all()
@@ -99,6 +101,71 @@ def test_stale_schedule_of_a_longer_batch_is_never_silently_wrong(device, kv_for
         out, lse = decode(p, kv_format, backend, schedule=schedule)
         marked = check(p, out, lse, set(range(len(called))), nan_required=False)
         assert marked, "some request changed its page count: the schedule cannot fit every one"
+
+
+def _empty_part(meta, splits, k):
+    meta[k] = torch.tensor([len(splits) - 1, 0, -1, 0, 0, 0, 0, 0])
+
+
+def _shared_slot(meta, splits, k):
+    meta[k, BEGIN_SPLIT] += 1   # two parts of its first request on one slot, one slot never written
+
+
+def _page_twice(meta, splits, k):
+    meta[k, BEGIN_PAGE] -= 1
+
+
+def _slots_overlap(meta, splits, k):
+    splits[2] = splits[3] + 1   # request 1's range reversed, request 2's overlapping request 0's
+
+
+def _garbage(meta, splits, k):
+    g = torch.Generator().manual_seed(k)
+    meta.copy_(torch.randint(-2 ** 31, 2 ** 31 - 1, meta.shape, generator=g, dtype=torch.int64))
+    splits.copy_(torch.randint(-2 ** 31, 2 ** 31 - 1, splits.shape, generator=g, dtype=torch.int64))
+
+
+def _huge(meta, splits, k):
+    meta.fill_(10 ** 9 * (-1) ** k)
+    splits.fill_(10 ** 9 * (-1) ** k)
+
+
+def _zeros(meta, splits, k):
+    meta.zero_()
+    splits.zero_()
+
+
+# (how the schedule is damaged, the parts k it is tried on, which requests must come back NaN: those of part k, all)
+DAMAGED = {"a part left out": (_empty_part, "part"), "two parts on one slot": (_shared_slot, "first"),
+           "a page twice": (_page_twice, "first"), "split ranges overlap": (_slots_overlap, "all"),
+           "garbage": (_garbage, "all"), "huge indices": (_huge, "all"), "zeros": (_zeros, "all")}
+
+
+@pytest.mark.parametrize("damage", DAMAGED)
+def test_schedule_not_from_get_mla_metadata(device, kv_format, damage):
+    """A schedule get_mla_metadata did not write (never written, overwritten, from elsewhere): the kernels read and
+    write nothing outside their tensors, and every request the schedule does not cover as planned comes back NaN,
+    the others right."""
+    p = make_problem(4, 1, 16, [700, 64, 1000, 300], device=device, seed=6)
+    meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1, num_parts=8)
+    x = p.quantized(kv_format)
+    ref = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens, causal=True)[0]
+    fn, which = DAMAGED[damage]
+    if which == "first":   # parts that start inside a request: the damage touches that request
+        tried = [k for k, row in enumerate(meta.tolist()) if row[BEGIN_REQ] <= row[END_REQ] and row[BEGIN_PAGE] > 0]
+    else:
+        tried = range(meta.shape[0])
+    for backend in backends(device):
+        for k in tried[:2]:
+            row = meta[k].tolist()
+            bad_meta, bad_splits = meta.clone(), splits.clone()
+            fn(bad_meta, bad_splits, k)
+            bad = {"part": set(range(row[BEGIN_REQ], row[END_REQ] + 1)), "first": {row[BEGIN_REQ]},
+                   "all": set(range(4))}[which]
+            out, lse = flash_mla_with_kvcache(x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, bad_meta,
+                                              bad_splits, causal=True, descale_k=x["descale_k"], kv_format=kv_format,
+                                              backend=backend)
+            assert set(check(p, out, lse, bad, ref=ref)) >= bad, (backend, k)
 
 
 def test_cache_writer_skips_slots_outside_the_cache(device, kv_format):

@@ -1,5 +1,6 @@
 """compute-sanitizer on the Hopper kernels (GPU, marked): every path (fp8_rope_bf16, fp8 with an e4m3 and a bf16 q,
-bf16) of the small-rows and the 64-row kernel, on a split schedule with a short last page.
+bf16) of the small-rows and the 64-row kernel, on a split schedule with a short last page; and memcheck on
+test_safety.py's bad inputs.
 
 memcheck: nothing is read or written outside its tensors. Each tensor is its own allocation (no caching
 allocator), so a read past a sequence's pages or a tensor's end is an error memcheck sees.
@@ -44,6 +45,21 @@ def test_memcheck_finds_no_error(rows):
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-4000:]
     assert "ERROR SUMMARY: 0 errors" in log
+
+
+@pytest.mark.gpu
+@pytest.mark.hopper
+@pytest.mark.skipif(SANITIZER is None, reason="needs compute-sanitizer")
+def test_memcheck_finds_no_error_on_bad_data():
+    """test_safety.py's bad inputs (pages outside the cache, seqlens beyond the block table or negative, schedules
+    stale or not get_mla_metadata's, cache-writer slots past the cache), both backends: nothing outside a tensor."""
+    tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_safety.py"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
+    subprocess.run(tests, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)   # compiled first
+    run = subprocess.run([SANITIZER, "--tool", "memcheck", "--show-backtrace", "no", "--error-exitcode", "3",
+                          *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0 and "ERROR SUMMARY: 0 errors" in log, log[-4000:]
 
 
 # a hazard's access, as racecheck prints it: "Write Thread (96,0,0) at mla_decode_...+0xa60 in hopper.py:213"

@@ -18,7 +18,8 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per
     ``num_heads_k`` must be 1 (MLA has one latent KV head). Build it once per step and reuse it for every
     layer, as with FlashMLA: one kernel launch, no host synchronisation (CUDA-graph safe). The decode kernels follow
     the schedule, so launch it on the decode's stream (or make that stream wait for it): a decode that reads it
-    before it is written may read outside the cache. ``num_parts`` (default: one per SM and row block) fixes the
+    before it is written gets NaN for the requests it does not cover (the kernels check it, reading nothing outside
+    a tensor). ``num_parts`` (default: one per SM and row block) fixes the
     number of parts and turns off the choice of pieces (:mod:`fp8mla.schedule`). A negative seqlen plans no pages,
     and the decode marks that request NaN.
 

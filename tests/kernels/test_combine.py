@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from fp8mla import runtime
-from fp8mla.kernels.combine import launch_combine
+from fp8mla.kernels.combine import plan_combine
+from fp8mla.schedule import METADATA_WIDTH
+
+
+def one_page_pieces(splits, device):
+    """A schedule cutting request i into splits[i] parts of one page each, in request order."""
+    rows = [[i, k, i, k + 1, k, n, n, 0] for i, n in enumerate(splits) for k in range(n)]
+    return torch.tensor(rows, dtype=torch.int32, device=device).reshape(-1, METADATA_WIDTH)
 
 
 @pytest.mark.parametrize("part_dtype", [torch.float32, torch.bfloat16])   # bf16 format, FP8 formats
@@ -16,14 +23,16 @@ def test_combine_merges_by_lse(splits, sms, part_dtype, device, monkeypatch):
     b, s_q, h_q = len(splits), 2, 16
     R = s_q * h_q
     num_splits = torch.tensor([0] + splits, device=device).cumsum(0).int()
-    total = int(num_splits[-1])
-    o_part = torch.randn(total, R, 512, device=device).to(part_dtype)
-    lse_part = torch.randn(total, R, device=device) * 3
+    meta = one_page_pieces(splits, device)
+    slots = b + meta.shape[0]   # the decode's split buffers' rows
+    o_part = torch.randn(slots, R, 512, device=device).to(part_dtype)
+    lse_part = torch.randn(slots, R, device=device) * 3
     lse_part[0, :5] = -math.inf          # a split in which some rows saw no key
     out = torch.full((b, s_q, h_q, 512), 7.0, dtype=torch.bfloat16, device=device)
     lse = torch.full((b, h_q, s_q), 7.0, device=device)
     seqlens = torch.tensor([64 * max(n, 1) if n else 0 for n in splits], dtype=torch.int32, device=device)
-    launch_combine(out, lse, o_part, lse_part, num_splits, seqlens, max(splits))
+    plan_combine(b, s_q, h_q, meta.shape[0], max(splits), device)(out, lse, o_part, lse_part, meta, num_splits,
+                                                                  seqlens)
     for i, n in enumerate(splits):
         if n == 1:  # written by the decode kernel: untouched here
             assert (out[i] == 7).all() and (lse[i] == 7).all()

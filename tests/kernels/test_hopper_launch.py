@@ -83,8 +83,9 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, monkeypatch, kv_format, q_fp8
         assert scale.base.data_ptr() == x["k_cache"].data_ptr() + 512
     else:
         assert rope.base.dtype == torch.float8_e4m3fn and scale is rope   # no scale tile: a placeholder
-    q, descale_q, descale_k = args[0], args[18], args[19]
+    q, descale_q, descale_k = args[0], args[20], args[21]
     assert args[9:11] == (p.block_table.shape[1], x["k_cache"].shape[0])   # the table's pages, the cache's
+    assert args[14:16] == (2, 2 + num_parts)   # the requests, the split buffers' rows
     assert descale_k is (x["descale_k"] if kv_format == "fp8" else p.cache_seqlens)   # placeholder: never read
     if q_fp8:
         assert q is x["q"] and descale_q is x["descale_q"]

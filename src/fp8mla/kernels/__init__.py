@@ -127,7 +127,8 @@ def _plan_decode(call, decoder: Decoder, parts: int):
         o_part, lse_part = scratch(call.q.device, *buffers)
         site = launch_site()
         launch(call, o_part, lse_part, site)
-        combine(call.out, call.lse, o_part, lse_part, call.num_splits, call.cache_seqlens, call.signature, site)
+        combine(call.out, call.lse, o_part, lse_part, call.meta, call.num_splits, call.cache_seqlens, call.signature,
+                site)
     return decode
 
 

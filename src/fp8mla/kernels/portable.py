@@ -15,7 +15,8 @@ Arithmetic, per 64-token page:
 
 Bad input never makes a load leave its tensor: pages past the block table's columns are not read, a block-table
 entry outside the cache reads nothing and, like a request whose page count is not what the schedule was planned
-for (hopper/ring.py's planned_for), makes the request's out and lse NaN.
+for (hopper/ring.py's planned_for), makes the request's out and lse NaN. A schedule get_mla_metadata did not
+write is clamped as ring.py says.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def _load_page(kv_ptr, page, tok_ok, KV_FORMAT: tl.constexpr):
 def mla_decode_split_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh,
         kv_ptr, block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr,
-        meta_ptr, num_splits_ptr,
+        meta_ptr, num_splits_ptr, B, SLOTS,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr,
         descale_q_ptr, descale_k_ptr, sm_scale_log2,
         H, S_Q,
@@ -75,9 +76,10 @@ def mla_decode_split_kernel(
     t = tl.arange(0, PAGE_SIZE)
 
     meta = meta_ptr + part * METADATA_WIDTH
-    begin_req = tl.load(meta + BEGIN_REQ)
-    begin_page = tl.load(meta + BEGIN_PAGE)
-    end_req = tl.load(meta + END_REQ)
+    # (clamped: a schedule get_mla_metadata did not write reads no row outside its tensor)
+    begin_req = tl.maximum(tl.load(meta + BEGIN_REQ), 0)
+    begin_page = tl.maximum(tl.load(meta + BEGIN_PAGE), 0)
+    end_req = tl.minimum(tl.load(meta + END_REQ), B - 1)
     end_page = tl.load(meta + END_PAGE)
     begin_split = tl.load(meta + BEGIN_SPLIT)
     begin_req_pages = tl.load(meta + BEGIN_REQ_PAGES)
@@ -175,12 +177,16 @@ def mla_decode_split_kernel(
                 out_rows = out_ptr + (req * R + rows) * D_LATENT
                 tl.store(out_rows[:, None] + d[None, :], o.to(tl.bfloat16), mask=row_ok[:, None])
                 tl.store(lse_ptr + req * R + h_idx * S_Q + s_idx, tl.where(bad, float("nan"), lse), mask=row_ok)
-            elif n_splits > 1:   # (none: a schedule planned for no pages; the combine marks the request)
-                split = split0 + tl.where(req == begin_req, begin_split, 0)
+            else:
+                piece = tl.where(req == begin_req, begin_split, 0)
+                split = split0 + piece
+                # the request's own slot (none: a schedule planned for no pages, or not get_mla_metadata's, whose
+                # request the combine marks)
+                owned = (piece >= 0) & (piece < n_splits) & (split >= 0) & (split < SLOTS)
                 part_rows = split.to(tl.int64) * R + rows
-                tl.store(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], o, mask=row_ok[:, None])
+                tl.store(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], o, mask=row_ok[:, None] & owned)
                 lse = tl.where(bad, float("nan"), tl.where(seen, lse, float("-inf")))
-                tl.store(lse_part_ptr + part_rows, lse, mask=row_ok)
+                tl.store(lse_part_ptr + part_rows, lse, mask=row_ok & owned)
 
 
 def block_m_for(rows: int) -> int:
@@ -192,7 +198,7 @@ _launch = CachedLauncher(mla_decode_split_kernel)
 
 
 def _plan_portable(call, parts):
-    _, s_q, h_q, _ = call.q.shape
+    b, s_q, h_q, _ = call.q.shape
     block_m = block_m_for(call.rows)
     grid = (parts, -(-call.rows // block_m))   # (triton.cdiv: ~3-5 us a call on the host)
     variant = _launch.variant(dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != call.out.dtype,
@@ -200,12 +206,13 @@ def _plan_portable(call, parts):
                               num_warps=8 if block_m == 64 else 4, num_stages=1)
     q_strides = call.q.stride()[:3]
     table = (call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0])
+    batch = (b, b + parts)   # requests, split slots
     sizes = (call.softmax_scale * LOG2E.value, h_q, s_q)
 
     def launch(call, o_part, lse_part, site):
         dummy = call.cache_seqlens  # never read: placeholders for absent scales
         variant(grid, (call.q, *q_strides, call.k_cache, call.block_table, *table, call.cache_seqlens, call.meta,
-                       call.num_splits, call.out, call.lse, o_part, lse_part,
+                       call.num_splits, *batch, call.out, call.lse, o_part, lse_part,
                        dummy if call.descale_q is None else call.descale_q,
                        dummy if call.descale_k is None else call.descale_k, *sizes), call.signature, site)
     return launch

@@ -54,9 +54,9 @@ TYPICAL_DIVISIBLE = ("stride_qb", "stride_qs", "stride_qh", "H", "R")
 # the decode kernels' parameters of one type whatever the kernel
 DECODE_TYPES = {"stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32", "block_table_ptr": "*i32",
                 "stride_bt": "i32", "max_pages": "i32", "num_pages": "i32", "seqlens_ptr": "*i32", "meta_ptr": "*i32",
-                "num_splits_ptr": "*i32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "o_part_ptr": "*fp32",
-                "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32", "descale_k_ptr": "*fp32", "sm_scale_log2": "fp32",
-                "H": "i32", "S_Q": "i32", "R": "i32"}
+                "num_splits_ptr": "*i32", "B": "i32", "SLOTS": "i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
+                "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32", "descale_k_ptr": "*fp32",
+                "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32", "R": "i32"}
 
 
 def _part_type(kv_format: str) -> str:
@@ -141,7 +141,7 @@ def portable_reports() -> list[SassReport]:
     for part_type, name in [("*fp32", "combine"), ("*bf16", "combine[bf16 partials]")]:
         for slices in (1, int(D_LATENT // schedule.MIN_COMBINE_DIMS)):   # the widest and the narrowest tile
             k = compile_sm90(combine.mla_combine_kernel,
-                             decode_signature(combine.mla_combine_kernel, o_part_ptr=part_type),
+                             decode_signature(combine.mla_combine_kernel, o_part_ptr=part_type, parts="i32"),
                              schedule.combine_tile(slices, pieces=64), num_warps=4)   # its longest step
             reports.append(sass_report(k, name if slices == 1 else f"{name}[{slices} slices]"))
     return reports

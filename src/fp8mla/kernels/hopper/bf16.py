@@ -214,8 +214,8 @@ def _pv_wg(descs, table, shape, sched, outs, ring, hand, WG: gl.constexpr, ABLAT
 @gluon.jit
 def mla_decode_hopper_bf16_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, block_table_ptr, stride_bt, max_pages, num_pages,
-        seqlens_ptr, meta_ptr, num_splits_ptr, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, sm_scale_log2, H, S_Q,
-        CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
+        seqlens_ptr, meta_ptr, num_splits_ptr, B, SLOTS, out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, sm_scale_log2, H,
+        S_Q, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_LATENT], LAT_BF16_SMEM)
     q_rope = gl.allocate_shared_memory(gl.bfloat16, [BLOCK_M, D_ROPE], ROPE_BF16_SMEM)
@@ -242,7 +242,7 @@ def mla_decode_hopper_bf16_kernel(
     bad = gl.allocate_shared_memory(gl.int32, [STAGES, 1], FLAG_SMEM)
     ring = (k_lat, k_rope, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
-    sched = (meta, seqlens_ptr, max_pages, num_splits_ptr)
+    sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)
     gl.warp_specialize([
         (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q), sched, (lse_ptr, lse_part_ptr),
                        sm_scale_log2, (q_lat, q_rope), ring, hand, CAUSAL, ABLATE)),

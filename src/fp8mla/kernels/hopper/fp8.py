@@ -185,7 +185,7 @@ def _pv_wg(sched, outs, R, ring, vt, hand, WG: gl.constexpr, ABLATE: gl.constexp
 @gluon.jit
 def mla_decode_hopper_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
-        block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
+        block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr, B, SLOTS,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, QUANTIZE_Q: gl.constexpr,
         ABLATE: gl.constexpr):
@@ -197,7 +197,7 @@ def mla_decode_hopper_kernel(
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(STAGES)
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
-    sched = (meta, seqlens_ptr, max_pages, num_splits_ptr)
+    sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)
     Q_SOURCE: gl.constexpr = Q_AS_IS if Q_FP8 else (Q_QUANTIZE if QUANTIZE_Q else Q_PREQUANTIZED)
     gl.warp_specialize([
         (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q, R), sched,

@@ -62,15 +62,16 @@ def _fp8_launch(variant, grid, call, q_strides):
     """``launch(call, q, descale_q, o_part, lse_part, site)``: an FP8 kernel's launch (fp8.py's and small.py's
     parameters are the same) for calls of ``call``'s signature, given q's strides (call.q's or its quantized
     copy's)."""
-    _, s_q, h_q, _ = call.q.shape
+    b, s_q, h_q, _ = call.q.shape
     kv_format = call.kv_format
     table = (call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0])
+    batch = (b, b + grid[0])   # requests, split slots (one a part beyond the first of each request)
     sizes = (call.softmax_scale * LOG2E.value, h_q, s_q, call.rows)
 
     def launch(call, q, descale_q, o_part, lse_part, site):
         dummy = call.cache_seqlens  # never read: placeholders for absent scales
         variant(grid, (q, *q_strides, *cache_descriptors(call.k_cache, kv_format), call.block_table, *table,
-                       call.cache_seqlens, call.meta, call.num_splits, call.out, call.lse, o_part, lse_part,
+                       call.cache_seqlens, call.meta, call.num_splits, *batch, call.out, call.lse, o_part, lse_part,
                        dummy if descale_q is None else descale_q, dummy if call.descale_k is None else call.descale_k,
                        *sizes), call.signature, site)
     return launch
@@ -127,17 +128,19 @@ def _plan_small(call, parts):
 
 def _plan_bf16(call, parts, ablate):
     """bf16.py's kernel: 64 query rows a CTA."""
-    _, s_q, h_q, _ = call.q.shape
+    b, s_q, h_q, _ = call.q.shape
     variant = _launch_bf16.variant(dict(CAUSAL=call.causal, ABLATE=ablate), num_warps=4)
     grid = (parts, -(-call.rows // BLOCK_M.value))
     q_strides = call.q.stride()[:3]
     table = (call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0])
+    batch = (b, b + parts)   # requests, split slots
     sizes = (call.softmax_scale * LOG2E.value, h_q, s_q)
 
     def launch(call, o_part, lse_part, site):
         lat_desc, rope_desc, _ = cache_descriptors(call.k_cache, "bf16")
         variant(grid, (call.q, *q_strides, lat_desc, rope_desc, call.block_table, *table, call.cache_seqlens,
-                       call.meta, call.num_splits, call.out, call.lse, o_part, lse_part, *sizes), call.signature, site)
+                       call.meta, call.num_splits, *batch, call.out, call.lse, o_part, lse_part, *sizes), call.signature,
+                 site)
     return launch
 
 

@@ -6,7 +6,8 @@ pages from (begin request, begin page) to (end request, end page); a *page* is 6
 reached through the block table; a ring *position* counts the pages a CTA has loaded (or consumed) across all its
 requests, and its *slot* is position % RING.
 
-``sched`` is (meta, seqlens_ptr, max_pages, num_splits_ptr), meta pointing at this CTA's part of the schedule;
+``sched`` is (meta, seqlens_ptr, max_pages, num_splits_ptr, b, the split buffers' rows), meta pointing at this CTA's
+part of the schedule;
 ``part`` is (meta, seqlens_ptr, max_pages, begin request, end request), read from it by ``open_part``; a cursor
 is (request, page, on a page?, the request's seqlen, its end page) and moves by ``advance``; ``table`` is
 (block_table_ptr, its row stride, the cache's pages).
@@ -14,7 +15,11 @@ is (request, page, on a page?, the request's seqlen, its end page) and moves by 
 Bad input never makes a load leave its tensor: a seqlen beyond the block table is cut to the table's pages (the
 combine marks the request NaN), and a block-table entry outside the cache loads page 0 instead and marks its ring
 slot (``Ring.bad``), so that the request's consumer makes its out and lse NaN; so does a request whose page count
-is not what the schedule was planned for (``planned_for``).
+is not what the schedule was planned for (``planned_for``). A schedule get_mla_metadata did not write (never
+written, or overwritten) cannot send a load or store outside its tensor either: a part's requests are clamped to
+the batch, its first page to >= 0, and a partial result is stored only into a slot of its own request's range
+inside the split buffers (``split_slot``); the combine checks the schedule for each request and marks the requests
+it does not fit NaN.
 """
 import triton
 from triton.experimental import gluon
@@ -28,10 +33,17 @@ from ..triton_compat import aggregate, tma_load
 
 @gluon.jit
 def open_part(sched):
-    """This CTA's part: (meta, seqlens_ptr, max_pages, begin request, end request); a part with begin > end is
-    empty."""
-    meta, seqlens_ptr, max_pages, _ = sched
-    return meta, seqlens_ptr, max_pages, gl.load(meta + BEGIN_REQ), gl.load(meta + END_REQ)
+    """This CTA's part: (meta, seqlens_ptr, max_pages, begin request, end request), its requests within the batch;
+    a part with begin > end is empty."""
+    meta, seqlens_ptr, max_pages, _, b, _ = sched
+    begin_req = gl.maximum(gl.load(meta + BEGIN_REQ), 0)
+    end_req = gl.minimum(gl.load(meta + END_REQ), b - 1)
+    return meta, seqlens_ptr, max_pages, begin_req, end_req
+
+
+@gluon.jit
+def _begin_page(part):
+    return gl.maximum(gl.load(part[0] + BEGIN_PAGE), 0)
 
 
 @gluon.jit
@@ -40,7 +52,7 @@ def request_range(part, req):
     then req is one past the last request, and seqlens is not read)."""
     meta, seqlens_ptr, max_pages, begin_req, end_req = part
     seqlen = gl.load(seqlens_ptr + req, mask=req <= end_req, other=0)
-    lo = gl.where(req == begin_req, gl.load(meta + BEGIN_PAGE), 0)
+    lo = gl.where(req == begin_req, _begin_page(part), 0)
     hi = gl.where(req == end_req, gl.load(meta + END_PAGE), (seqlen + PAGE_SIZE - 1) // PAGE_SIZE)
     return seqlen, lo, gl.minimum(hi, max_pages)
 
@@ -58,13 +70,16 @@ def planned_for(part, req, seqlen):
 
 @gluon.jit
 def split_slot(sched, req, begin_req):
-    """(True if the request has a single split, its partial-result slot, True if it has a slot at all: a schedule
-    planned for a request of no pages gives it none)."""
-    meta, _, _, num_splits_ptr = sched
+    """(True if the request has a single split, its partial-result slot, True if the slot is the request's own: a
+    schedule planned for a request of no pages gives it none, and one get_mla_metadata did not write may give a
+    slot outside the request's range or the split buffers)."""
+    meta, _, _, num_splits_ptr, _, slots = sched
     split0 = gl.load(num_splits_ptr + req)
     n_splits = gl.load(num_splits_ptr + req + 1) - split0
-    split = split0 + gl.where(req == begin_req, gl.load(meta + BEGIN_SPLIT), 0)
-    return n_splits == 1, split, n_splits > 0
+    piece = gl.where(req == begin_req, gl.load(meta + BEGIN_SPLIT), 0)
+    split = split0 + piece
+    owned = (piece >= 0) & (piece < n_splits) & (split >= 0) & (split < slots)
+    return n_splits == 1, split, owned
 
 
 @gluon.jit
@@ -82,7 +97,7 @@ def _seek(part, req, blk):
 @gluon.jit
 def part_start(part):
     """The cursor on the part's first page."""
-    return _seek(part, part[3], gl.load(part[0] + BEGIN_PAGE))
+    return _seek(part, part[3], _begin_page(part))
 
 
 @gluon.jit

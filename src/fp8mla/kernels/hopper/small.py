@@ -176,7 +176,7 @@ def _pv_wg(sched, outs, R, ring, vt, hand, WG: gl.constexpr):
 @gluon.jit
 def mla_decode_hopper_small_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
-        block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr,
+        block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr, B, SLOTS,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
         KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr):
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
@@ -187,7 +187,7 @@ def mla_decode_hopper_small_kernel(
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(k_lat.shape[0])
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
-    sched = (meta, seqlens_ptr, max_pages, num_splits_ptr)
+    sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)
     gl.warp_specialize([
         (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q, R), sched, (lse_ptr, lse_part_ptr),
                        (descale_q_ptr, descale_k_ptr, sm_scale_log2), (q_lat, q_rope), ring, hand, red, red_scale,
