@@ -168,6 +168,24 @@ def test_schedule_not_from_get_mla_metadata(device, kv_format, damage):
             assert set(check(p, out, lse, bad, ref=ref)) >= bad, (backend, k)
 
 
+def test_schedule_checked_beyond_the_combines_first_step(device):
+    """More parts than the combine checks at a time (combine.CHECK_STEP): a planned schedule decodes right, and one
+    with a part of the second step left out gives that part's request NaN."""
+    p = make_problem(2, 1, 16, [64 * 200, 64 * 130], device=device, seed=7)
+    meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1, num_parts=300)
+    x = p.quantized("fp8_rope_bf16")
+    ref = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens, causal=True)[0]
+    k = 280
+    assert meta[k, BEGIN_REQ] == meta[k, END_REQ] == 1   # (a part of the second request)
+    bad_meta = meta.clone()
+    _empty_part(bad_meta, splits, k)
+    for backend in backends(device):
+        for schedule, bad in ((meta, set()), (bad_meta, {1})):
+            out, lse = flash_mla_with_kvcache(x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, schedule,
+                                              splits, causal=True, kv_format="fp8_rope_bf16", backend=backend)
+            assert check(p, out, lse, bad, ref=ref) == sorted(bad), backend
+
+
 def test_cache_writer_skips_slots_outside_the_cache(device, kv_format):
     cache = empty_kv_cache(2, kv_format, device=device)
     cache.view(torch.uint8).fill_(7)
