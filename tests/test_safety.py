@@ -119,6 +119,10 @@ def _slots_overlap(meta, splits, k):
     splits[2] = splits[3] + 1   # request 1's range reversed, request 2's overlapping request 0's
 
 
+def _splits_wrap(meta, splits, k):
+    splits[1:3] = torch.tensor([10, -2 ** 31 + 1])   # request 1's num_splits[2] - num_splits[1] wraps around to > 0
+
+
 def _garbage(meta, splits, k):
     g = torch.Generator().manual_seed(k)
     meta.copy_(torch.randint(-2 ** 31, 2 ** 31 - 1, meta.shape, generator=g, dtype=torch.int64))
@@ -138,6 +142,7 @@ def _zeros(meta, splits, k):
 # (how the schedule is damaged, the parts k it is tried on, which requests must come back NaN: those of part k, all)
 DAMAGED = {"a part left out": (_empty_part, "part"), "two parts on one slot": (_shared_slot, "first"),
            "a page twice": (_page_twice, "first"), "split ranges overlap": (_slots_overlap, "all"),
+           "split count wraps around": (_splits_wrap, "all"),
            "garbage": (_garbage, "all"), "huge indices": (_huge, "all"), "zeros": (_zeros, "all")}
 
 

@@ -118,10 +118,12 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, meta_ptr, par
     out_rows = out_ptr + (req.to(tl.int64) * R + rows) * D_LATENT
     lse_rows = lse_ptr + req.to(tl.int64) * R + (rows % H) * S_Q + rows // H
     split0 = tl.load(num_splits_ptr + req)
-    n_splits = tl.load(num_splits_ptr + req + 1) - split0
+    split_end = tl.load(num_splits_ptr + req + 1)
+    n_splits = split_end - split0
     seqlen = tl.load(seqlens_ptr + req)
     first = _schedule_at(meta_ptr, num_splits_ptr, tl.arange(0, CHECK_STEP), parts)   # in flight during the merge
-    in_buffers = (split0 >= 0) & (n_splits >= 0) & (split0 + n_splits <= tl.num_programs(0) + parts)
+    # (compared as loaded: the difference of two far-apart int32s wraps around)
+    in_buffers = (0 <= split0) & (split0 <= split_end) & (split_end <= tl.num_programs(0) + parts)
     usable = in_buffers & (seqlen >= 0) & ((seqlen + PAGE_SIZE - 1) // PAGE_SIZE <= max_pages)
     if n_splits == 1:
         # written by the decode kernel: one program checks the request and marks all of it (lse in any row order)
