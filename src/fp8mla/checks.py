@@ -162,6 +162,17 @@ _checked: dict = {}   # signature -> ((kv_format, softmax_scale, causal), its nu
 _numbers = itertools.count()   # (never reused: a forgotten signature comes back under a new number)
 
 
+def _remember(table: dict, signature, derived) -> tuple:
+    """(derived, a number for the signature) for checks that passed, kept in ``table`` under ``signature`` (a few
+    hundred at most); an unknown signature (None) gets no number and is not kept."""
+    if signature is None:
+        return derived, None
+    if len(table) >= 256:
+        table.clear()
+    known = table[signature] = (derived, next(_numbers))
+    return known
+
+
 def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale, causal,
                  descale_q, descale_k, kv_format, out, lse) -> DecodeCall:
     """flash_mla_with_kvcache's arguments checked (see its docstring), as a DecodeCall (with out and lse allocated
@@ -182,12 +193,9 @@ def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_s
     except TypeError:   # an argument of another type, or unhashable
         signature = known = None
     if known is None:
-        known = (_check_arguments(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale,
-                                  causal, descale_q, descale_k, kv_format, out, lse), None)
-        if signature is not None:
-            if len(_checked) >= 256:
-                _checked.clear()
-            known = _checked[signature] = (known[0], next(_numbers))
+        known = _remember(_checked, signature, _check_arguments(
+            q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits, softmax_scale, causal, descale_q,
+            descale_k, kv_format, out, lse))
     (kv_format, softmax_scale, causal), number = known
     b, s_q, h_q, _ = q.shape
     if out is None:   # (q's new_empty: torch.empty's parsing of a device argument costs ~0.8 us)
@@ -198,7 +206,7 @@ def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_s
                       descale_k, softmax_scale, causal, number, s_q * h_q)
 
 
-_metadata_checked: dict = {}   # signature -> its number: get_mla_metadata's checks passed for it
+_metadata_checked: dict = {}   # signature -> (None, its number): get_mla_metadata's checks passed for it
 
 
 def check_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_parts) -> int | None:
@@ -209,16 +217,13 @@ def check_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_part
                       not cache_seqlens.data_ptr() & 15, cache_seqlens.is_cuda or interpreter_active())
                      if type(cache_seqlens) is torch.Tensor else _not_a_tensor(),
                      num_q_tokens_per_head_k, num_heads_k, num_parts)
-        number = _metadata_checked.get(signature)
+        known = _metadata_checked.get(signature)
     except TypeError:
-        signature = number = None
-    if number is None:
-        check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k)
-        if signature is not None:
-            if len(_metadata_checked) >= 256:
-                _metadata_checked.clear()
-            number = _metadata_checked[signature] = next(_numbers)
-    return number
+        signature = known = None
+    if known is None:
+        known = _remember(_metadata_checked, signature,
+                          check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k))
+    return known[1]
 
 
 def check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k) -> None:
