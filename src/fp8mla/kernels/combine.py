@@ -125,47 +125,49 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, meta_ptr, par
     # (compared as loaded: the difference of two far-apart int32s wraps around)
     in_buffers = (0 <= split0) & (split0 <= split_end) & (split_end <= tl.num_programs(0) + parts)
     usable = in_buffers & (seqlen >= 0) & ((seqlen + PAGE_SIZE - 1) // PAGE_SIZE <= max_pages)
+    # one pass over the pieces (none for a request the decode kernel wrote whole), STEP_SPLITS at a time, rescaling
+    # the running sums when a step raises a row's max. The step's lse and O loads are unrolled and all issued before
+    # any is used, so that they are in flight together (a loop over single pieces waits on each: b=1 h_q=128 cut
+    # into 33 pieces took 11.6 µs that way, 8.0 µs in steps; O loaded after the max: 5.9 µs vs 4.6 at b=1 s_q=2
+    # h_q=64, bf16 partials); the max is taken from each piece's lse in the rows' own layout, registers only (a
+    # [pieces, rows] tile's max went through shared memory and a barrier each step: 10.3 µs vs 8.5 with 65 pieces)
+    lse_max = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
+    nan = tl.zeros([BLOCK_ROWS], tl.int1)   # a NaN piece (the max below would skip it)
+    total = tl.zeros([BLOCK_ROWS], tl.float32)
+    acc = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)
+    for j0 in range(0, tl.where(usable & (n_splits != 1), n_splits, 0), STEP_SPLITS):
+        lses = ()
+        parts_o = ()
+        new_max = lse_max
+        for k in tl.static_range(STEP_SPLITS):
+            part_rows = (split0 + j0 + k).to(tl.int64) * R + rows
+            ok_k = row_ok & (j0 + k < n_splits)
+            lse_k = tl.load(lse_part_ptr + part_rows, mask=ok_k, other=float("-inf"))
+            o_k = tl.load(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], mask=ok_k[:, None], other=0.0)
+            lses = lses + (lse_k,)
+            parts_o = parts_o + (o_k,)
+            new_max = tl.maximum(new_max, lse_k)
+            nan |= lse_k != lse_k
+        base = tl.where(new_max > float("-inf"), new_max, 0.0)   # a row with no key so far: weights 0
+        alpha = tl.exp(lse_max - base)
+        total = total * alpha
+        acc = acc * alpha[:, None]
+        for k in tl.static_range(STEP_SPLITS):
+            w = tl.exp(lses[k] - base)
+            total += w
+            acc += w[:, None] * parts_o[k].to(tl.float32)
+        lse_max = new_max
+    # the schedule checked after the merge (its loads in flight during it), in one place: by every program of a split
+    # request, and by one program of a request the decode kernel wrote whole (which marks all of it, lse in any order)
+    checker = (tl.program_id(1) == 0) & (tl.program_id(2) == 0)
+    fits = True
+    if (n_splits != 1) | checker:
+        fits = usable & _schedule_fits(req, seqlen, n_splits, first, meta_ptr, parts, num_splits_ptr, max_pages)
     if n_splits == 1:
-        # written by the decode kernel: one program checks the request and marks all of it (lse in any row order)
-        if (tl.program_id(1) == 0) & (tl.program_id(2) == 0):
-            if not (usable & _schedule_fits(req, seqlen, n_splits, first, meta_ptr, parts, num_splits_ptr,
-                                            max_pages)):
-                _mark_request(out_ptr, lse_ptr, req, R, BLOCK_ROWS, BLOCK_D)
+        if not fits:
+            _mark_request(out_ptr, lse_ptr, req, R, BLOCK_ROWS, BLOCK_D)
     else:
-        # one pass over the pieces, STEP_SPLITS at a time, rescaling the running sums when a step raises a row's
-        # max. The step's lse and O loads are unrolled and all issued before any is used, so that they are in
-        # flight together (a loop over single pieces waits on each: b=1 h_q=128 cut into 33 pieces took 11.6 µs
-        # that way, 8.0 µs in steps; O loaded after the max: 5.9 µs vs 4.6 at b=1 s_q=2 h_q=64, bf16 partials);
-        # the max is taken from each piece's lse in the rows' own layout, registers only (a [pieces, rows] tile's
-        # max went through shared memory and a barrier each step: 10.3 µs vs 8.5 with 65 pieces)
-        lse_max = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
-        nan = tl.zeros([BLOCK_ROWS], tl.int1)   # a NaN piece (the max below would skip it)
-        total = tl.zeros([BLOCK_ROWS], tl.float32)
-        acc = tl.zeros([BLOCK_ROWS, BLOCK_D], tl.float32)
-        for j0 in range(0, tl.where(usable, n_splits, 0), STEP_SPLITS):
-            lses = ()
-            parts_o = ()
-            new_max = lse_max
-            for k in tl.static_range(STEP_SPLITS):
-                part_rows = (split0 + j0 + k).to(tl.int64) * R + rows
-                ok_k = row_ok & (j0 + k < n_splits)
-                lse_k = tl.load(lse_part_ptr + part_rows, mask=ok_k, other=float("-inf"))
-                o_k = tl.load(o_part_ptr + part_rows[:, None] * D_LATENT + d[None, :], mask=ok_k[:, None], other=0.0)
-                lses = lses + (lse_k,)
-                parts_o = parts_o + (o_k,)
-                new_max = tl.maximum(new_max, lse_k)
-                nan |= lse_k != lse_k
-            base = tl.where(new_max > float("-inf"), new_max, 0.0)   # a row with no key so far: weights 0
-            alpha = tl.exp(lse_max - base)
-            total = total * alpha
-            acc = acc * alpha[:, None]
-            for k in tl.static_range(STEP_SPLITS):
-                w = tl.exp(lses[k] - base)
-                total += w
-                acc += w[:, None] * parts_o[k].to(tl.float32)
-            lse_max = new_max
-        nan |= not (usable & _schedule_fits(req, seqlen, n_splits, first, meta_ptr, parts, num_splits_ptr,
-                                            max_pages))
+        nan |= not fits
         seen = lse_max > float("-inf")
         o = acc * tl.where(nan, float("nan"), tl.where(seen, 1.0 / total, 0.0))[:, None]
         lse = tl.where(nan, float("nan"), tl.where(seen, lse_max + tl.log(total), float("inf")))
