@@ -127,10 +127,9 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, meta_ptr, par
     usable = in_buffers & (seqlen >= 0) & ((seqlen + PAGE_SIZE - 1) // PAGE_SIZE <= max_pages)
     # one pass over the pieces (none for a request the decode kernel wrote whole), STEP_SPLITS at a time, rescaling
     # the running sums when a step raises a row's max. The step's lse and O loads are unrolled and all issued before
-    # any is used, so that they are in flight together (a loop over single pieces waits on each: b=1 h_q=128 cut
-    # into 33 pieces took 11.6 µs that way, 8.0 µs in steps; O loaded after the max: 5.9 µs vs 4.6 at b=1 s_q=2
-    # h_q=64, bf16 partials); the max is taken from each piece's lse in the rows' own layout, registers only (a
-    # [pieces, rows] tile's max went through shared memory and a barrier each step: 10.3 µs vs 8.5 with 65 pieces)
+    # any is used, so that they are in flight together (a loop over single pieces waits on each, as does loading O
+    # after the max); the max is taken from each piece's lse in the rows' own layout, registers only (a [pieces,
+    # rows] tile's max goes through shared memory and a barrier each step). docs/design.md has the numbers.
     lse_max = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
     nan = tl.zeros([BLOCK_ROWS], tl.int1)   # a NaN piece (the max below would skip it)
     total = tl.zeros([BLOCK_ROWS], tl.float32)
