@@ -86,10 +86,7 @@ def _schedule_fits(req, seqlen, n_splits, first, meta_ptr, parts, num_splits_ptr
     for i0 in range(CHECK_STEP, tl.maximum(parts, tl.num_programs(0)), CHECK_STEP):
         step = _fits_step(_schedule_at(meta_ptr, num_splits_ptr, i0 + tl.arange(0, CHECK_STEP), parts), req, pages,
                           max_pages)
-        covered += step[0]
-        count += step[1]
-        starts += step[2]
-        broken += step[3]
+        covered, count, starts, broken = _add4(covered, count, starts, broken, *step)
     return (broken == 0) & (starts == (pages > 0)) & (count == n_splits) & (covered == pages)
 
 
