@@ -164,7 +164,9 @@ def _pv_wg(sched, outs, R, ring, vt, hand, WG: gl.constexpr, ABLATE: gl.constexp
         seqlen, lo, hi = request_range(part, req)
         if lo < hi:
             o = warpgroup_mma_init(gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC))
-            for blk in range(lo, hi):
+            # nothing hoisted: what a page needs is recomputed, not held through the loop (at ROPE_PV_REGS, ptxas
+            # kept a held address in local memory)
+            for blk in tl.range(lo, hi, disable_licm=True):
                 pb = it % 2
                 o = warpgroup_mma_wait(0, deps=[o])   # the previous page's P.V: its P and V^T buffers are free
                 if blk > lo:

@@ -12,6 +12,13 @@ from ..constants import D_LATENT, D_ROPE, FP8_MAX, FP8_ROPE_BF16, PAGE_SIZE
 from ..triton_compat import cp_async_load, reinterpret
 from .layouts import HALF, LAT_SMEM, P_SMEM, Q_CHUNK, Q_LOAD, SCALE_COLS, SCALE_SMEM, VEC_SMEM, VT_SMEM
 
+# Q_LOAD's [rows, Q_CHUNK] tile as [rows, lanes, the values a thread holds of the row]: the same registers, so the
+# conversion moves nothing, and a row's values in one thread reduce without shuffles
+_OWN = gl.constexpr(Q_LOAD.value.size_per_thread[1])
+_LANE_GROUPS = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, _OWN.value],
+                                             threads_per_warp=Q_LOAD.value.threads_per_warp + [1],
+                                             warps_per_cta=Q_LOAD.value.warps_per_cta + [1], order=[2, 1, 0]))
+
 # what load_q finds at q's pointer
 Q_AS_IS = gl.constexpr(0)         # q in q_lat's dtype (an e4m3 q in fp8.py, a bf16 q in bf16.py): copied
 Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (small.py; fp8.py with QUANTIZE_Q): quantized here
@@ -96,35 +103,42 @@ def _quantize_by_chunks(row_ptr, ok, q_rows, q_lat, q_rope):
     """load_q's Q_QUANTIZE for a tile too large for registers (64 rows: 256 latent values a thread made ptxas
     spill): the latent part is read twice by column chunks, for the rows' amax and then to scale it; the
     arithmetic, so the bytes, are q_quant.py's. row_ptr, ok: the rows' pointers and which rows exist, as load_q
-    has them."""
+    has them. The softmax warpgroup runs this while the PV warpgroups wait for its first P, so it is written for
+    few instructions: the amax pass keeps q's dtype (|x| and max are exact in it) and each thread's running max,
+    reduced across the lanes once, and the scale is computed once."""
     ROWS: gl.constexpr = q_lat.shape[0]
     cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
     rope_ptr = _rope_ptr(row_ptr)
     ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # as in load_q
-    if ROPE_FP8:
-        amax = gl.max(gl.abs(gl.load(rope_ptr, mask=ok, other=0.0).to(gl.float32)), axis=1)
-    else:   # the bf16 RoPE part copied as it is, meanwhile
+    if not ROPE_FP8:   # the bf16 RoPE part copied as it is, meanwhile
         _copy_rows_async(q_rope, q_rows, D_LATENT)
         async_copy.commit_group()
-        amax = gl.zeros([ROWS], gl.float32, gl.SliceLayout(1, Q_LOAD))
-    # q_lat as its column chunks, indexed at run time so that the loops stay loops (see load_q's copies)
     N_CHUNKS: gl.constexpr = D_LATENT // Q_CHUNK
+    # q_lat as its column chunks, indexed at run time so that the loop stays a loop (see load_q's copies)
     chunks = reinterpret(q_lat, q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
-    # two passes over the chunks, the rows' amax and then the scaling, as one loop (as two, ptxas spilled a PV
-    # warpgroup's register)
-    for i in range(2 * N_CHUNKS):
-        x = gl.load(row_ptr + (i % N_CHUNKS) * Q_CHUNK + cols, mask=ok, other=0.0).to(gl.float32)
-        if i < N_CHUNKS:
-            amax = gl.maximum(amax, gl.max(gl.abs(x), axis=1))
-        else:
-            chunks.index(i - N_CHUNKS).store((x * (1.0 / _descale(amax))[:, None]).to(gl.float8e4nv))
+    peak = _lane_amax(gl.load(row_ptr + cols, mask=ok, other=0.0))
+    for c in range(1, N_CHUNKS):
+        peak = gl.maximum(peak, _lane_amax(gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)))
+    amax = gl.convert_layout(gl.max(peak, axis=1), gl.SliceLayout(1, Q_LOAD), assert_trivial=True)
+    if ROPE_FP8:
+        amax = gl.maximum(amax, gl.max(gl.abs(gl.load(rope_ptr, mask=ok, other=0.0).to(gl.float32)), axis=1))
     descale = _descale(amax)
     scale = (1.0 / descale)[:, None]
+    for c in range(N_CHUNKS):
+        x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)
+        chunks.index(c).store((x.to(gl.float32) * scale).to(gl.float8e4nv))
     if ROPE_FP8:   # (read again: not held through the latent passes)
         q_rope.store((gl.load(rope_ptr, mask=ok, other=0.0).to(gl.float32) * scale).to(gl.float8e4nv))
     else:
         async_copy.wait_group(0)
     return descale
+
+
+@gluon.jit
+def _lane_amax(x):
+    """max |x| of each row's values that one thread holds (x in Q_LOAD), [rows, lanes] fp32."""
+    a = gl.convert_layout(gl.abs(x).reshape([x.shape[0], x.shape[1] // _OWN, _OWN]), _LANE_GROUPS, assert_trivial=True)
+    return gl.max(a, axis=2).to(gl.float32)
 
 
 @gluon.jit
