@@ -65,8 +65,10 @@ def test_memcheck_finds_no_error_on_bad_data():
 # a hazard's access, as racecheck prints it: "Write Thread (96,0,0) at mla_decode_...+0xa60 in hopper.py:213"
 ACCESS = re.compile(r"(Read|Write) Thread \(\d+,\d+,\d+\) at \S+ in (\S+\.py):(\d+)")
 # the statements whose accesses racecheck cannot see ordered (see the module docstring): the softmax warpgroup's
-# alpha and norm hand-offs (handshakes.py, softmax.py, bf16.py) and the ring's bad-page flags (ring.py)
-MBARRIER_HANDOFF = re.compile(r"\b(alpha|norm|slot)\b[\w.()\[\]]*\.(store|load)\(")
+# alpha and norm hand-offs (handshakes.py, softmax.py, bf16.py), the ring's bad-page flags (ring.py) and the
+# 64-row kernel's q, which the PV warpgroups quantize for the softmax warpgroup (q_ready: operands.py, fp8.py)
+MBARRIER_HANDOFF = re.compile(r"\b(alpha|norm|slot|q_lat|q_descale|descale_smem)\b(\.slice\([^)]*\))?[\w.()\[\]]*"
+                              r"\.(store|load)\(")
 WARP_SPECIALIZE_ENTRY = re.compile(r"^def mla_decode_\w+_kernel\(|gl\.warp_specialize\(")
 
 

@@ -11,23 +11,25 @@ launch's 65536 / 384 = 168-register cap, and a PV warpgroup's 64 x 256 fp32 accu
                at a request's end O times the O scale to out or to the partial slot (epilogue.py).
 
 A bf16 q is quantized with a scale per row (for fp8_rope_bf16 its latent part, RoPE kept bf16; for the fp8 cache,
-whose RoPE keys are e4m3, the whole row) by q_quant.py before the launch, or here at each request's start
-(QUANTIZE_Q: in eager calls, and in CUDA graphs where requests are rarely split, so that few CTAs repeat it; the
-call saves a launch, launch.py); an e4m3 q comes with one scale. With the fp8 cache the latent q is then held in registers as the Q.K^T wgmma's A operand.
+whose RoPE keys are e4m3, the whole row) by q_quant.py before the launch, or here at each request's start by the
+PV warpgroups, half the rows each, while the softmax warpgroup waits (QUANTIZE_Q: in eager calls, and in CUDA
+graphs where requests are rarely split, so that few CTAs repeat it; the call saves a launch, launch.py); an e4m3 q
+comes with one scale. With the fp8 cache the latent q is then held in registers as the Q.K^T wgmma's A operand.
 The handshakes are handshakes.py's.
 """
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgroup_mma, warpgroup_mma_init,
+                                                              warpgroup_mma_wait)
 
 from ..constants import FP8, FP8_ROPE_BF16, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
 from .ablations import SKIP_REFILLS, SKIP_RESCALE
 from .epilogue import pv_epilogue
 from .handshakes import Handoff, init_barriers
 from .layouts import (BLOCK_M, HALF, LEFT, O_ACC, PV_REGS, RIGHT, ROPE_PV_REGS, S_BF16, S_FP8, SCALE_COLS, STAGES,
-                      dim_bit as _d, token_bit as _t)
-from .operands import Q_AS_IS, Q_PREQUANTIZED, Q_QUANTIZE, allocate_operands, load_q
+                      VEC_SMEM, dim_bit as _d, token_bit as _t)
+from .operands import Q_AS_IS, Q_PREQUANTIZED, Q_QUANTIZE, allocate_operands, load_q, quantize_half
 from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, planned_for, request_range
 from .softmax import (ROW_LANES, key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page,
                       token_scales)
@@ -56,11 +58,11 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
                 KV_FORMAT: gl.constexpr, Q_SOURCE: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
     """query: (q_ptr, its strides of b, s, h); shape: (h_q, s_q, s_q * h_q); table: (block_table_ptr, its row
     stride, the cache's pages); scales: (descale_q_ptr, descale_k_ptr, softmax_scale * log2 e); q_smem: (q_lat,
-    q_rope)."""
+    q_rope, the rows' descales and q_ready where the PV warpgroups quantize q)."""
     q_ptr, stride_qb, stride_qs, stride_qh = query
     H, S_Q, R = shape
     descale_q_ptr, descale_k_ptr, sm_scale_log2 = scales
-    q_lat, q_rope = q_smem
+    q_lat, q_rope, q_descale, q_ready = q_smem
     Q_FP8: gl.constexpr = Q_SOURCE == Q_AS_IS
     row_l: gl.constexpr = gl.SliceLayout(1, S_FP8)
     col_l: gl.constexpr = gl.SliceLayout(0, S_FP8)
@@ -83,10 +85,14 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
     for req in tl.range(begin_req, part[4] + 1, disable_licm=True):  # nothing hoisted: fewer spilled values
         seqlen, lo, hi = request_range(part, req)
         if lo < hi:
-            q_scale = gl.convert_layout(
-                load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, descale_q_ptr + req * R,
-                       Q_SOURCE), row_l)
-            if KV_FORMAT == FP8:  # (Triton's barrier after load_q's cp.async wait: every thread's copies are in)
+            if Q_SOURCE == Q_QUANTIZE:   # by the PV warpgroups, half the rows each
+                mbarrier.wait(q_ready, n_req & 1)
+                q_scale = q_descale.load(row_l)
+            else:
+                q_scale = gl.convert_layout(
+                    load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope,
+                           descale_q_ptr + req * R, Q_SOURCE), row_l)
+            if KV_FORMAT == FP8:  # (q_ready, or Triton's barrier after load_q's cp.async wait: every row is in)
                 q_a = q_lat.load(Q_REGS)
             else:
                 q_a = q_lat
@@ -151,18 +157,31 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
 
 
 @gluon.jit
-def _pv_wg(sched, outs, R, ring, vt, hand, WG: gl.constexpr, ABLATE: gl.constexpr):
+def _pv_wg(query, shape, sched, outs, q_smem, ring, vt, hand, WG: gl.constexpr, Q_SOURCE: gl.constexpr,
+           ABLATE: gl.constexpr):
     """O[:, 256 WG : 256 (WG + 1)] for every page of the part. The transposes run one page ahead of the P.V wgmma
     (across request boundaries), so a ring slot is released without waiting for the softmax of the page before
-    it. outs: (out_ptr, o_part_ptr)."""
+    it. A bf16 q (Q_QUANTIZE) is quantized here at each request's start, half the rows each, while the softmax
+    warpgroup waits for it: the P.V wgmma waits for the softmax's first P anyway. outs: (out_ptr, o_part_ptr);
+    query, shape, q_smem: as _softmax_wg has them."""
+    q_ptr, stride_qb, stride_qs, stride_qh = query
+    H, S_Q, R = shape
+    q_lat, q_rope, q_descale, q_ready = q_smem
     part = open_part(sched)
     begin_req = part[3]
-    t_cursor = transpose_next(ring, vt, 0, part, part_start(part), WG, ABLATE)
+    t_cursor = part_start(part)
+    if Q_SOURCE != Q_QUANTIZE:   # (else after the first request's q, which the softmax warpgroup waits for)
+        t_cursor = transpose_next(ring, vt, 0, part, t_cursor, WG, ABLATE)
     it = 0
     n_req = 0
     for req in tl.range(begin_req, part[4] + 1, disable_licm=True):  # nothing hoisted: fewer spilled values
         seqlen, lo, hi = request_range(part, req)
         if lo < hi:
+            if Q_SOURCE == Q_QUANTIZE:
+                quantize_half((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, q_descale, WG)
+                mbarrier.arrive(q_ready)
+                if it == 0:   # the part's first page
+                    t_cursor = transpose_next(ring, vt, 0, part, t_cursor, WG, ABLATE)
             o = warpgroup_mma_init(gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC))
             # nothing hoisted: what a page needs is recomputed, not held through the loop (at ROPE_PV_REGS, ptxas
             # kept a held address in local memory)
@@ -201,12 +220,21 @@ def mla_decode_hopper_kernel(
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)
     Q_SOURCE: gl.constexpr = Q_AS_IS if Q_FP8 else (Q_QUANTIZE if QUANTIZE_Q else Q_PREQUANTIZED)
+    if Q_SOURCE == Q_QUANTIZE:   # the PV warpgroups' quantized q: its rows' descales, and q_ready (handshakes.py)
+        q_descale = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready, count=2)
+    else:   # (not used)
+        q_descale = norm_smem
+        q_ready = epi_ready
+    query = (q_ptr, stride_qb, stride_qs, stride_qh)
+    q_smem = (q_lat, q_rope, q_descale, q_ready)
     gl.warp_specialize([
-        (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q, R), sched,
-                       (block_table_ptr, stride_bt, num_pages),
+        (_softmax_wg, (query, (H, S_Q, R), sched, (block_table_ptr, stride_bt, num_pages),
                        (lse_ptr, lse_part_ptr), (lat_desc, rope_desc, scale_desc),
-                       (descale_q_ptr, descale_k_ptr, sm_scale_log2), (q_lat, q_rope), ring, hand,
+                       (descale_q_ptr, descale_k_ptr, sm_scale_log2), q_smem, ring, hand,
                        KV_FORMAT, Q_SOURCE, CAUSAL, ABLATE)),
-        (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, LEFT, ABLATE)),
-        (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, RIGHT, ABLATE)),
+        (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), q_smem, ring, vt, hand, LEFT, Q_SOURCE, ABLATE)),
+        (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), q_smem, ring, vt, hand, RIGHT, Q_SOURCE,
+                  ABLATE)),
     ], [4, 4], [ROPE_PV_REGS if KV_FORMAT == FP8_ROPE_BF16 else PV_REGS] * 2)

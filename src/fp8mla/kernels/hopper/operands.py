@@ -12,13 +12,6 @@ from ..constants import D_LATENT, D_ROPE, FP8_MAX, FP8_ROPE_BF16, PAGE_SIZE
 from ..triton_compat import cp_async_load, reinterpret
 from .layouts import HALF, LAT_SMEM, P_SMEM, Q_CHUNK, Q_LOAD, SCALE_COLS, SCALE_SMEM, VEC_SMEM, VT_SMEM
 
-# Q_LOAD's [rows, Q_CHUNK] tile as [rows, lanes, the values a thread holds of the row]: the same registers, so the
-# conversion moves nothing, and a row's values in one thread reduce without shuffles
-_OWN = gl.constexpr(Q_LOAD.value.size_per_thread[1])
-_LANE_GROUPS = gl.constexpr(gl.BlockedLayout(size_per_thread=[1, 1, _OWN.value],
-                                             threads_per_warp=Q_LOAD.value.threads_per_warp + [1],
-                                             warps_per_cta=Q_LOAD.value.warps_per_cta + [1], order=[2, 1, 0]))
-
 # what load_q finds at q's pointer
 Q_AS_IS = gl.constexpr(0)         # q in q_lat's dtype (an e4m3 q in fp8.py, a bf16 q in bf16.py): copied
 Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (small.py; fp8.py with QUANTIZE_Q): quantized here
@@ -53,32 +46,17 @@ def load_q(q_rows, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
     SOURCE: Q_AS_IS, Q_QUANTIZE (each row to e4m3 with a scale per row, amax / 448, as q_quant.py does it: the
     latent part, and the RoPE part too where q_rope is e4m3) or Q_PREQUANTIZED (q_quant's packed rows: e4m3 latent,
     then the RoPE part in q_rope's dtype; the request's descales at descale_ptr).
-    This code is on the critical path of every request's start: Q_QUANTIZE reads the latent tile once, whole, up
-    to 32 rows (at most 128 values a thread), and 64 rows in column chunks (_quantize_by_chunks); the other sources
-    are copied by cp.async, every copy issued before the one wait (one trip to memory, no registers held).
+    This code is on the critical path of every request's start: Q_QUANTIZE (at most 32 rows: the small-rows kernel;
+    the 64-row kernel's PV warpgroups quantize its rows, half each, by quantize_half) reads the tile once, whole;
+    the other sources are copied by cp.async, every copy issued before the one wait (one trip to memory, no
+    registers held).
     """
     q_ptr, stride_qs, stride_qh, H, R = q_rows
     ROWS: gl.constexpr = q_lat.shape[0]
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
     if SOURCE == Q_QUANTIZE:
         row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
-        ok = (rows < R)[:, None]
-        if ROWS > 32:
-            descale = _quantize_by_chunks(row_ptr, ok, q_rows, q_lat, q_rope)
-        else:
-            x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
-            rope_ptr = _rope_ptr(row_ptr)
-            amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
-            ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # one scale for the whole row: see q_quant.py
-            if ROPE_FP8:
-                x_rope = gl.load(rope_ptr, mask=ok, other=0.0)
-                amax = gl.maximum(amax, gl.max(gl.abs(x_rope.to(gl.float32)), axis=1))
-            descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)
-            q_lat.store((x.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
-            if ROPE_FP8:
-                q_rope.store((x_rope.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
-            else:
-                q_rope.store(gl.load(rope_ptr, mask=ok, other=0.0))
+        descale = _quantize_rows(row_ptr, (rows < R)[:, None], q_lat, q_rope)
     else:
         if SOURCE == Q_PREQUANTIZED:
             descale = gl.load(descale_ptr + rows, mask=rows < R, other=1.0)
@@ -99,56 +77,43 @@ def load_q(q_rows, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
 
 
 @gluon.jit
-def _quantize_by_chunks(row_ptr, ok, q_rows, q_lat, q_rope):
-    """load_q's Q_QUANTIZE for a tile too large for registers (64 rows: 256 latent values a thread made ptxas
-    spill): the latent part is read twice by column chunks, for the rows' amax and then to scale it; the
-    arithmetic, so the bytes, are q_quant.py's. row_ptr, ok: the rows' pointers and which rows exist, as load_q
-    has them. The softmax warpgroup runs this while the PV warpgroups wait for its first P, so it is written for
-    few instructions: the amax pass keeps q's dtype (|x| and max are exact in it) and each thread's running max,
-    reduced across the lanes once, and the scale is computed once."""
-    ROWS: gl.constexpr = q_lat.shape[0]
-    cols = gl.arange(0, Q_CHUNK, gl.SliceLayout(0, Q_LOAD))[None, :]
-    rope_ptr = _rope_ptr(row_ptr)
-    ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # as in load_q
-    if not ROPE_FP8:   # the bf16 RoPE part copied as it is, meanwhile
-        _copy_rows_async(q_rope, q_rows, D_LATENT)
-        async_copy.commit_group()
-    N_CHUNKS: gl.constexpr = D_LATENT // Q_CHUNK
-    # q_lat as its column chunks, indexed at run time so that the loop stays a loop (see load_q's copies)
-    chunks = reinterpret(q_lat, q_lat.dtype, [N_CHUNKS, ROWS, Q_CHUNK], q_lat.layout)
-    peak = _lane_amax(gl.load(row_ptr + cols, mask=ok, other=0.0))
-    for c in range(1, N_CHUNKS):
-        peak = gl.maximum(peak, _lane_amax(gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)))
-    amax = gl.convert_layout(gl.max(peak, axis=1), gl.SliceLayout(1, Q_LOAD), assert_trivial=True)
-    if ROPE_FP8:
-        amax = gl.maximum(amax, gl.max(gl.abs(gl.load(rope_ptr, mask=ok, other=0.0).to(gl.float32)), axis=1))
-    descale = _descale(amax)
-    scale = (1.0 / descale)[:, None]
-    for c in range(N_CHUNKS):
-        x = gl.load(row_ptr + c * Q_CHUNK + cols, mask=ok, other=0.0)
-        chunks.index(c).store((x.to(gl.float32) * scale).to(gl.float8e4nv))
-    if ROPE_FP8:   # (read again: not held through the latent passes)
-        q_rope.store((gl.load(rope_ptr, mask=ok, other=0.0).to(gl.float32) * scale).to(gl.float8e4nv))
-    else:
-        async_copy.wait_group(0)
-    return descale
+def quantize_half(q_rows, q_lat, q_rope, descale_smem, WG: gl.constexpr):
+    """A PV warpgroup's share of a bf16 q's quantization in the 64-row kernel (fp8.py): the CTA's rows 32 WG to
+    32 WG + 31 into those rows of q_lat and q_rope, their descales into descale_smem; then fenced for the
+    softmax warpgroup's wgmma. Two warpgroups each hold half the tile in registers, read once (64 rows in one
+    warpgroup made ptxas spill, and two passes over column chunks cost the softmax warpgroup's start its time)."""
+    q_ptr, stride_qs, stride_qh, H, R = q_rows
+    ROWS: gl.constexpr = q_lat.shape[0] // 2
+    rows = gl.program_id(1) * q_lat.shape[0] + WG * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
+    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
+    descale = _quantize_rows(row_ptr, (rows < R)[:, None], q_lat.slice(WG * ROWS, ROWS), q_rope.slice(WG * ROWS, ROWS))
+    descale_smem.slice(WG * ROWS, ROWS).store(descale)
+    fence_async_shared()
 
 
 @gluon.jit
-def _lane_amax(x):
-    """max |x| of each row's values that one thread holds (x in Q_LOAD), [rows, lanes] fp32."""
-    a = gl.convert_layout(gl.abs(x).reshape([x.shape[0], x.shape[1] // _OWN, _OWN]), _LANE_GROUPS, assert_trivial=True)
-    return gl.max(a, axis=2).to(gl.float32)
+def _quantize_rows(row_ptr, ok, q_lat, q_rope):
+    """Q_QUANTIZE of at most 32 rows (at most 128 latent values a thread, read once, whole) into q_lat and q_rope;
+    returns the rows' descales. row_ptr, ok: the rows' pointers and which rows exist [rows, 1]."""
+    x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
+    rope_ptr = _rope_ptr(row_ptr)
+    amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
+    ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # one scale for the whole row: see q_quant.py
+    if ROPE_FP8:
+        x_rope = gl.load(rope_ptr, mask=ok, other=0.0)
+        amax = gl.maximum(amax, gl.max(gl.abs(x_rope.to(gl.float32)), axis=1))
+    descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)   # (1 for a row of zeros)
+    q_lat.store((x.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
+    if ROPE_FP8:
+        q_rope.store((x_rope.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
+    else:
+        q_rope.store(gl.load(rope_ptr, mask=ok, other=0.0))
+    return descale
 
 
 @gluon.jit
 def _rope_ptr(row_ptr):
     return row_ptr + D_LATENT + gl.arange(0, D_ROPE, gl.SliceLayout(0, Q_LOAD))[None, :]   # [rows, 64]
-
-
-@gluon.jit
-def _descale(amax):
-    return gl.where(amax > 0, amax / FP8_MAX, 1.0)   # (1 for a row of zeros)
 
 
 @gluon.jit
