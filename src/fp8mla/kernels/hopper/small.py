@@ -20,7 +20,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
 
-from ..constants import FP8, FP8_ROPE_BF16, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
+from ..constants import FP8, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
 from .epilogue import pv_epilogue_t
 from .handshakes import Handoff, init_barriers
 from .layouts import HALF, LEFT, RIGHT, SCALE_COLS, VEC_SMEM, dim_bit as _d, token_bit as _t
