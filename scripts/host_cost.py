@@ -49,7 +49,7 @@ def fake_launches():
     import torch
 
     from fp8mla import kernels
-    from fp8mla.kernels import combine, launcher, planner, q_quant
+    from fp8mla.kernels import combine, launcher, planner
     from fp8mla.kernels.hopper import launch
 
     class FakeJit:
@@ -66,10 +66,9 @@ def fake_launches():
     launcher.direct_launch = lambda kernel, params: lambda grid, stream, params: None
     kernels.hopper_unavailable = lambda device: None
     kept = {}   # scratch buffers kept per shape, as on a GPU's stream (new CPU ones would time the CPU's allocator)
-    launcher.scratch = q_quant.scratch = lambda device, *specs: kept.get(specs) or kept.setdefault(
+    launcher.scratch = lambda device, *specs: kept.get(specs) or kept.setdefault(
         specs, tuple(torch.empty(shape, dtype=dtype, device=device) for shape, dtype in specs))
-    for launch_ in (launch._launch_fp8, launch._launch_small, launch._launch_bf16, combine._launch, q_quant._launch,
-                    planner._launch):
+    for launch_ in (launch._launch_fp8, launch._launch_small, launch._launch_bf16, combine._launch, planner._launch):
         launch_.fn = FakeJit(launch_.fn)
 
 
@@ -128,27 +127,24 @@ def print_parts(p, calls: int, rounds: int, sync) -> None:
              "torch.empty(lse)": lambda: torch.empty(b, h_q, s_q, dtype=torch.float32, device=p.q.device),
              "check_decode (out, lse given)": lambda: checks.check_decode(*args, out, lse),
              "kernels.select": lambda: kernels.select(None, p.q.device, call.kv_format, call.rows),
-             "launch_decode (q_quant where it runs, decode, combine)": lambda: kernels.launch_decode(decoder, call),
+             "launch_decode (decode, combine)": lambda: kernels.launch_decode(decoder, call),
              "whole call (out, lse given)": lambda: fp8mla.flash_mla_with_kvcache(
                  *args[:7], causal=True, kv_format="fp8_rope_bf16", out=out, lse=lse),
              "whole call": lambda: fp8mla.flash_mla_with_kvcache(*args[:7], causal=True, kv_format="fp8_rope_bf16")}
-    if decoder.name == "hopper":   # the 64-row kernel's launch alone on a quantized q, its arguments ready
+    if decoder.name == "hopper":   # the 64-row kernel's launch alone, its arguments ready
         from fp8mla.kernels import launcher
         from fp8mla.kernels.hopper import launch as hopper_launch
-        from fp8mla.kernels.q_quant import quantize_q
 
         site = launcher.launch_site()
-        q8, descale = quantize_q(call.q, rope_fp8=False, key=call.signature, site=site)
         o_part, lse_part = launcher.scratch(p.q.device, ((b + meta.shape[0], s_q * h_q, 512), torch.bfloat16),
                                            ((b + meta.shape[0], s_q * h_q), torch.float32))
         grid = (meta.shape[0], -(-s_q * h_q // 64))
         recorded = []   # the decode's arguments, as its plan passes them
-        hopper_launch._fp8_launch(lambda grid, args, key, site: recorded.append(args), grid, call,
-                                  q8.stride()[:3])(call, q8, descale, o_part, lse_part, site)
+        hopper_launch._fp8_launch(lambda grid, args, key, site: recorded.append(args), grid, call)(
+            call, o_part, lse_part, site)
         decode_args = recorded[0]
         cached = hopper_launch._launch_fp8
-        variant = cached.variant({**hopper_launch._fp8_constexprs(call), "QUANTIZE_Q": False, "ABLATE": 0},
-                                 num_warps=4)
+        variant = cached.variant({**hopper_launch._fp8_constexprs(call), "ABLATE": 0}, num_warps=4)
         constexprs = variant.constexprs
         steps["launcher.launch_site()"] = launcher.launch_site
         steps["decode launch: CachedLauncher (a plan's variant)"] = lambda: variant(grid, decode_args,

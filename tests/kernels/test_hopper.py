@@ -9,7 +9,6 @@ import torch
 from fp8mla import cal_diff, flash_mla_with_kvcache, get_mla_metadata, reference_mla_decode
 from fp8mla.inputs import make_problem
 from fp8mla import KV_FORMATS
-from fp8mla.kernels.hopper import launch as hopper_launch
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +20,7 @@ def hopper_sass(env_without_interpreter):
 
 Q_KINDS = ["fp8_rope_bf16", "fp8", "fp8, fp8 q"]   # a cache format, and the q the kernel reads
 SMALL_VARIANTS = [f"hopper_small{rows}[{kind}]" for rows in (16, 32) for kind in Q_KINDS]
-# the 64-row kernel also quantizing a bf16 q itself (launch.quantize_q_in_kernel)
-FP8_VARIANTS = [f"hopper[{kind}]" for kind in Q_KINDS] + [f"hopper[{f}, q quantized here]" for f in Q_KINDS[:2]]
+FP8_VARIANTS = [f"hopper[{kind}]" for kind in Q_KINDS]
 VARIANTS = ["hopper[bf16]"] + FP8_VARIANTS
 
 
@@ -119,28 +117,23 @@ def test_hopper_matches_reference(kv_format, q_fp8, b, s_q, h_q, seqlens, causal
 
 
 @pytest.mark.hopper
-@pytest.mark.parametrize("kv_format", ["fp8_rope_bf16", "fp8"])
-def test_q_quantized_in_the_kernel_as_before_the_launch(kv_format):
-    """The 64-row kernel's own quantization of a bf16 q gives q_quant.py's bytes: a call of split requests, which
-    quantizes q in the kernel when eager and with q_quant.py first in a CUDA graph, gives the same out and lse
-    either way, bit for bit."""
+def test_a_bf16_q_is_quantized_per_row_by_amax_over_448():
+    """The 64-row kernel quantizes a bf16 q's rows (the fp8 cache: whole rows) to e4m3 with descale amax / 448. Rows
+    of e4m3 numbers times one power of two, each with 448 times it as its amax, quantize losslessly back to those
+    numbers with that power as descale: the call gives, bit for bit, what it gives for the same numbers passed as
+    an e4m3 q with that descale. Split requests of 128 rows (two CTAs of rows, each PV warpgroup's half)."""
     b, s_q, h_q = 3, 2, 64
     problem = make_problem(b, s_q, h_q, [700, 64, 1500], device="cuda")
     meta, num_splits = get_mla_metadata(problem.cache_seqlens, s_q * h_q, 1, num_parts=5)
-    assert 5 >= hopper_launch.QUANTIZE_PARTS * b   # (the graph's q quantized before the launch)
-    args = problem.quantized(kv_format)
-    out, lse = torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16, device="cuda"), torch.empty(b, h_q, s_q,
-                                                                                                device="cuda")
-
-    def call():
-        return flash_mla_with_kvcache(args["q"], args["k_cache"], problem.block_table, problem.cache_seqlens, 512,
-                                      meta, num_splits, causal=True, descale_k=args["descale_k"], backend="hopper",
-                                      out=out, lse=lse)
-    want_out, want_lse = (t.clone() for t in call())   # eager: quantized in the kernel
-    out.fill_(0), lse.fill_(0)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert not out.isnan().any() and torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    args = problem.quantized("fp8")
+    descale = 2.0 ** -6
+    q8 = (problem.q.float() / descale).clamp(-448, 448).to(torch.float8_e4m3fn)
+    q8[..., 3] = -448.0   # every row's amax
+    q = (q8.float() * descale).to(torch.bfloat16)   # exact: e4m3 numbers times a power of two
+    common = (args["k_cache"], problem.block_table, problem.cache_seqlens, 512, meta, num_splits)
+    out, lse = flash_mla_with_kvcache(q, *common, causal=True, descale_k=args["descale_k"], backend="hopper")
+    want, want_lse = flash_mla_with_kvcache(q8, *common, causal=True, backend="hopper", descale_k=args["descale_k"],
+                                            descale_q=torch.tensor([descale], device="cuda"))
+    assert not out.isnan().any() and torch.equal(out, want) and torch.equal(lse, want_lse)
+    ref_out, _ = reference_mla_decode(q, problem.kv, problem.block_table, problem.cache_seqlens, causal=True)
+    assert cal_diff(out.float(), ref_out)["cos_diff"] <= 2.5e-3   # (not a q both calls read wrong)

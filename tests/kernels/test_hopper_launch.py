@@ -11,7 +11,6 @@ from fp8mla.inputs import make_problem
 from fp8mla.kernels import decoder_for, launcher
 from fp8mla.kernels.constants import FORMAT_CODE, LOG2E
 from fp8mla.kernels.hopper import LAUNCH, bf16, launch as hopper_launch, layouts
-from fp8mla.kernels.q_quant import quantize_q
 
 
 class RecordingLauncher:
@@ -61,20 +60,15 @@ def test_bf16_cache_reaches_the_bf16_kernel(launches, h_q, s_q):
 
 
 @pytest.mark.parametrize("kv_format,q_fp8", [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)])
-@pytest.mark.parametrize("num_parts", [2, 3])   # a part a request (a bf16 q quantized by the CTAs), 1.5 parts
-@pytest.mark.parametrize("capturing", [False, True])   # an eager call, one captured in a CUDA graph
+@pytest.mark.parametrize("num_parts", [2, 3])   # a part a request, 1.5 parts
+@pytest.mark.parametrize("capturing", [False, True])   # an eager call, one captured in a CUDA graph: the same launch
 def test_fp8_caches_reach_the_fp8_kernel(launches, monkeypatch, kv_format, q_fp8, num_parts, capturing):
     monkeypatch.setattr(launcher, "capturing", lambda device: capturing)
     p, x, meta, call = launch(kv_format, q_fp8, num_parts=num_parts)
-    in_kernel = not q_fp8 and (not capturing or num_parts < hopper_launch.QUANTIZE_PARTS * 2)
-    assert in_kernel == (not q_fp8 and (not capturing or num_parts == 2))
-    if in_kernel and num_parts == 3:   # the first eager call also loads what a graph's capture will launch
-        assert [c[3]["QUANTIZE_Q"] for c in launches] == [False, True]
-        launches[:] = launches[1:]
     ((name, grid, args, constexprs, options),) = launches
     assert name == "hopper" and grid == (num_parts, 2)
-    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, QUANTIZE_Q=in_kernel,
-                              ABLATE=0)
+    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ABLATE=0)
+    assert options == dict(key=call.signature, site=None, num_warps=4)
     assert args[-3:] == (64, 2, 128)   # h_q, s_q and the query rows per request
     lat, rope, scale = args[4:7]
     assert list(lat.block_shape) == [64, 512] and lat.base.dtype == torch.float8_e4m3fn
@@ -84,30 +78,12 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, monkeypatch, kv_format, q_fp8
     else:
         assert rope.base.dtype == torch.float8_e4m3fn and scale is rope   # no scale tile: a placeholder
     q, descale_q, descale_k = args[0], args[20], args[21]
+    assert args[1:4] == x["q"].stride()[:3]
     assert args[9:11] == (p.block_table.shape[1], x["k_cache"].shape[0])   # the table's pages, the cache's
     assert args[14:16] == (2, 2 + num_parts)   # the requests, the split buffers' rows
     assert descale_k is (x["descale_k"] if kv_format == "fp8" else p.cache_seqlens)   # placeholder: never read
-    if q_fp8:
-        assert q is x["q"] and descale_q is x["descale_q"]
-    elif in_kernel:   # q as it is (the kernel reads its bf16 rows), no descales
-        assert q is x["q"] and descale_q is p.cache_seqlens
-    else:  # a bf16 q quantized before the launch: packed rows (the fp8 cache: RoPE e4m3 too), a descale per row
-        want_q, want_descale = quantize_q(x["q"], rope_fp8=kv_format == "fp8")
-        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(descale_q, want_descale)
-        width = 576 if kv_format == "fp8" else 640
-        assert q.stride()[:3] == (2 * 64 * width, 64 * width, width) and descale_q.shape == (2 * 2 * 64,)
-
-
-def test_an_eager_call_of_split_requests_quantizes_q_in_the_kernel(launches, monkeypatch):
-    """Requests of 1.5 parts on average, a bf16 q: every eager call quantizes it in the kernel (the first also
-    launches the graph path, q_quant.py first, once), a call being captured quantizes it first."""
-    monkeypatch.setattr(launcher, "capturing", lambda device: False)
-    for _ in range(3):
-        launch("fp8_rope_bf16", False, num_parts=3)
-    assert [c[3]["QUANTIZE_Q"] for c in launches] == [False, True, True, True]
-    monkeypatch.setattr(launcher, "capturing", lambda device: True)
-    launch("fp8_rope_bf16", False, num_parts=3)
-    assert launches[-1][3]["QUANTIZE_Q"] is False and len(launches) == 5
+    # q as it is: an e4m3 q with its scale, a bf16 q quantized by the kernel (no descales: a placeholder)
+    assert q is x["q"] and descale_q is (x["descale_q"] if q_fp8 else p.cache_seqlens)
 
 
 @pytest.mark.parametrize("s_q,h_q,rows", [(1, 16, 16), (2, 16, 32), (3, 8, 32), (1, 32, 32)])

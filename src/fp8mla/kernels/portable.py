@@ -27,11 +27,26 @@ from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, BF1
                         END_REQ, END_REQ_PAGES, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH,
                         PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
 from .launcher import CachedLauncher, planned
-from .q_quant import quantize_rows
 
 # Promote FP8 partial sums to fp32 every this many products: Hopper's FP8 MMA accumulates in reduced
 # precision, which long contractions (and long contexts) would otherwise pay for.
 FP8_PROMOTE_K = tl.constexpr(128)
+
+
+@triton.jit
+def quantize_rows(x, x_rope, ROPE_FP8: tl.constexpr):
+    """A bf16 q's rows [rows, 512] and their RoPE part [rows, 64] to e4m3 with a descale per row, amax / 448 (1 for
+    a row of zeros), over the latent part and, with ROPE_FP8, the RoPE part too (which is otherwise left as it is),
+    as the Hopper kernels do it (hopper/operands.py): (latent e4m3, RoPE, descale [rows])."""
+    x = x.to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    if ROPE_FP8:
+        amax = tl.maximum(amax, tl.max(tl.abs(x_rope.to(tl.float32)), axis=1))
+    descale = tl.where(amax > 0, amax / FP8_MAX, 1.0)
+    x = (x * (1.0 / descale)[:, None]).to(tl.float8e4nv)
+    if ROPE_FP8:
+        x_rope = (x_rope.to(tl.float32) * (1.0 / descale)[:, None]).to(tl.float8e4nv)
+    return x, x_rope, descale
 
 
 @triton.jit

@@ -166,29 +166,23 @@ def hopper_reports(ablate: int = 0) -> list[SassReport]:
     for fmt, q_fp8 in [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)]:
         rope_type, rope_layout = rope[fmt]
         rope_desc = f"tensordesc<{rope_type}[64, 64],{rope_layout.value!r}>"
-        # the 64-row kernel takes a bf16 q as q_quant's packed rows (typed e4m3) or, quantizing it itself, as it is
-        # (as the small-rows kernel does)
-        types = dict(q_ptr="*fp8e4nv", o_part_ptr=_part_type(fmt),
+        types = dict(q_ptr="*fp8e4nv" if q_fp8 else "*bf16", o_part_ptr=_part_type(fmt),
                      lat_desc=f"tensordesc<fp8e4nv[64, 512],{layouts.LAT_SMEM.value!r}>", rope_desc=rope_desc,
                      scale_desc=(f"tensordesc<fp32[64, {layouts.SCALE_COLS.value}],{layouts.SCALE_SMEM.value!r}>"
                                  if fmt == "fp8_rope_bf16" else rope_desc))
         constexprs = dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True)
         kernel = fp8.mla_decode_hopper_kernel
-        for quantize_q in (False,) if q_fp8 else (False, True):   # a bf16 q quantized before the launch, or here
-            q_type = {"q_ptr": "*bf16"} if quantize_q else {}
-            k = compile_sm90(kernel, decode_signature(kernel, **{**types, **q_type}),
-                             {**constexprs, "QUANTIZE_Q": quantize_q, "ABLATE": ablate}, gluon=True,
-                             divisible=TYPICAL_DIVISIBLE, num_warps=4)
-            q_kind = ", fp8 q" if q_fp8 else ", q quantized here" if quantize_q else ""
-            reports.append(sass_report(k, f"hopper[{fmt}{q_kind}]"))
+        k = compile_sm90(kernel, decode_signature(kernel, **types), {**constexprs, "ABLATE": ablate}, gluon=True,
+                         divisible=TYPICAL_DIVISIBLE, num_warps=4)
+        q_kind = ", fp8 q" if q_fp8 else ""
+        reports.append(sass_report(k, f"hopper[{fmt}{q_kind}]"))
         if small is None:
             continue
         kernel = small.mla_decode_hopper_small_kernel   # the same parameters, and ROWS
-        types["q_ptr"] = "*fp8e4nv" if q_fp8 else "*bf16"
         for rows in (16, 32):   # its two N
             k = compile_sm90(kernel, decode_signature(kernel, **types), {**constexprs, "ROWS": rows}, gluon=True,
                              divisible=TYPICAL_DIVISIBLE, num_warps=4)
-            reports.append(sass_report(k, f"hopper_small{rows}[{fmt}{', fp8 q' if q_fp8 else ''}]"))
+            reports.append(sass_report(k, f"hopper_small{rows}[{fmt}{q_kind}]"))
     return reports
 
 

@@ -118,7 +118,7 @@ def _softmax_wg(query, shape, sched, lse_outs, sm_scale_log2, q_smem, ring, hand
     for req in tl.range(begin_req, part[4] + 1, disable_licm=True):  # nothing hoisted: fewer spilled values
         seqlen, lo, hi = request_range(part, req)
         if lo < hi:
-            load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, q_ptr, Q_AS_IS)
+            load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, Q_AS_IS)
             limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             bad = not planned_for(part, req, seqlen)   # or, below, a page outside the cache
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)

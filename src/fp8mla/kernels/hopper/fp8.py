@@ -10,11 +10,10 @@ launch's 65536 / 384 = 168-register cap, and a PV warpgroup's 64 x 256 fp32 accu
                one page ahead of the P.V wgmma, so a ring slot is released early; then O = O * alpha + P.V^T, and
                at a request's end O times the O scale to out or to the partial slot (epilogue.py).
 
-A bf16 q is quantized with a scale per row (for fp8_rope_bf16 its latent part, RoPE kept bf16; for the fp8 cache,
-whose RoPE keys are e4m3, the whole row) by q_quant.py before the launch, or here at each request's start by the
-PV warpgroups, half the rows each, while the softmax warpgroup waits (QUANTIZE_Q: in eager calls, and in CUDA
-graphs where requests are rarely split, so that few CTAs repeat it; the call saves a launch, launch.py); an e4m3 q
-comes with one scale. With the fp8 cache the latent q is then held in registers as the Q.K^T wgmma's A operand.
+A bf16 q is quantized here with a scale per row (for fp8_rope_bf16 its latent part, RoPE kept bf16; for the fp8
+cache, whose RoPE keys are e4m3, the whole row), at each request's start, by the PV warpgroups, half the rows each,
+while the softmax warpgroup waits: every CTA of a split request repeats it, which costs less than a launch that
+quantizes q first (docs/design.md); an e4m3 q comes with one scale. With the fp8 cache the latent q is then held in registers as the Q.K^T wgmma's A operand.
 The handshakes are handshakes.py's.
 """
 import triton.language as tl
@@ -29,7 +28,7 @@ from .epilogue import pv_epilogue
 from .handshakes import Handoff, init_barriers
 from .layouts import (BLOCK_M, HALF, LEFT, O_ACC, PV_REGS, RIGHT, ROPE_PV_REGS, S_BF16, S_FP8, SCALE_COLS, STAGES,
                       VEC_SMEM, dim_bit as _d, token_bit as _t)
-from .operands import Q_AS_IS, Q_PREQUANTIZED, Q_QUANTIZE, allocate_operands, load_q, quantize_half
+from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, quantize_half
 from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, planned_for, request_range
 from .softmax import (ROW_LANES, key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page,
                       token_scales)
@@ -90,8 +89,7 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
                 q_scale = q_descale.load(row_l)
             else:
                 q_scale = gl.convert_layout(
-                    load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope,
-                           descale_q_ptr + req * R, Q_SOURCE), row_l)
+                    load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, Q_SOURCE), row_l)
             if KV_FORMAT == FP8:  # (q_ready, or Triton's barrier after load_q's cp.async wait: every row is in)
                 q_a = q_lat.load(Q_REGS)
             else:
@@ -208,8 +206,7 @@ def mla_decode_hopper_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
         block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr, B, SLOTS,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
-        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, QUANTIZE_Q: gl.constexpr,
-        ABLATE: gl.constexpr):
+        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
     """R = H * S_Q, the query rows per request, comes as a parameter: computed in the partitions, LLVM made it
     one value before warp_specialize's branch, which ptxas kept in local memory."""
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
@@ -219,7 +216,7 @@ def mla_decode_hopper_kernel(
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)
-    Q_SOURCE: gl.constexpr = Q_AS_IS if Q_FP8 else (Q_QUANTIZE if QUANTIZE_Q else Q_PREQUANTIZED)
+    Q_SOURCE: gl.constexpr = Q_AS_IS if Q_FP8 else Q_QUANTIZE
     if Q_SOURCE == Q_QUANTIZE:   # the PV warpgroups' quantized q: its rows' descales, and q_ready (handshakes.py)
         q_descale = gl.allocate_shared_memory(gl.float32, [BLOCK_M], VEC_SMEM)
         q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())

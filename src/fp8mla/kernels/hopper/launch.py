@@ -8,15 +8,12 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ... import formats
 from ..constants import FORMAT_CODE, LOG2E
-from .. import launcher
 from ..launcher import CachedLauncher, planned
-from ..q_quant import plan_quantize_q
 from .bf16 import K_BOX, mla_decode_hopper_bf16_kernel
 from .fp8 import mla_decode_hopper_kernel
 from .layouts import BLOCK_M, LAT_BF16_SMEM, LAT_SMEM, ROPE_BF16_SMEM, ROPE_FP8_SMEM, SCALE_COLS, SCALE_SMEM
 from .small import mla_decode_hopper_small_kernel, rows_per_cta
 
-QUANTIZE_PARTS = 1.25   # quantize_q_in_kernel's bound on a request's average parts
 ABLATE = 0   # ablations.py's flags for the 64-row kernels: 0 in every real call (hopper_check.py --ablate sets it)
 _launch_fp8 = CachedLauncher(mla_decode_hopper_kernel)
 _launch_small = CachedLauncher(mla_decode_hopper_small_kernel)
@@ -58,22 +55,22 @@ def cache_descriptors(k_cache: torch.Tensor, kv_format: str):
     return _descriptors[key]
 
 
-def _fp8_launch(variant, grid, call, q_strides):
-    """``launch(call, q, descale_q, o_part, lse_part, site)``: an FP8 kernel's launch (fp8.py's and small.py's
-    parameters are the same) for calls of ``call``'s signature, given q's strides (call.q's or its quantized
-    copy's)."""
+def _fp8_launch(variant, grid, call):
+    """``launch(call, o_part, lse_part, site)``: an FP8 kernel's launch (fp8.py's and small.py's parameters are
+    the same; a bf16 q is quantized in the kernel) for calls of ``call``'s signature."""
     b, s_q, h_q, _ = call.q.shape
     kv_format = call.kv_format
     table = (call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0])
     batch = (b, b + grid[0])   # requests, split slots (one a part beyond the first of each request)
     sizes = (call.softmax_scale * LOG2E.value, h_q, s_q, call.rows)
+    q_strides = call.q.stride()[:3]
 
-    def launch(call, q, descale_q, o_part, lse_part, site):
+    def launch(call, o_part, lse_part, site):
         dummy = call.cache_seqlens  # never read: placeholders for absent scales
-        variant(grid, (q, *q_strides, *cache_descriptors(call.k_cache, kv_format), call.block_table, *table,
+        variant(grid, (call.q, *q_strides, *cache_descriptors(call.k_cache, kv_format), call.block_table, *table,
                        call.cache_seqlens, call.meta, call.num_splits, *batch, call.out, call.lse, o_part, lse_part,
-                       dummy if descale_q is None else descale_q, dummy if call.descale_k is None else call.descale_k,
-                       *sizes), call.signature, site)
+                       dummy if call.descale_q is None else call.descale_q,
+                       dummy if call.descale_k is None else call.descale_k, *sizes), call.signature, site)
     return launch
 
 
@@ -81,49 +78,16 @@ def _fp8_constexprs(call) -> dict:
     return dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != torch.bfloat16, CAUSAL=call.causal)
 
 
-def quantize_q_in_kernel(call, parts: int) -> bool:
-    """Whether fp8.py's kernel quantizes a bf16 q itself (each CTA its rows, at each request's start) rather than
-    q_quant.py before the launch, in CUDA graphs too: where requests average fewer than QUANTIZE_PARTS parts, so
-    that the saved launch outweighs the CTAs that repeat the work (docs/design.md). Eager calls always do
-    (_plan_fp8)."""
-    return call.q.dtype == torch.bfloat16 and parts < QUANTIZE_PARTS * call.q.shape[0]
-
-
 def _plan_fp8(call, parts, ablate):
-    """fp8.py's kernel: 64 query rows a CTA. A bf16 q is quantized in the kernel where quantize_q_in_kernel says so
-    and in every eager call, where a launch's host time outweighs the CTAs' repeated quantization; in a CUDA graph
-    of split requests, by q_quant.py first (packed rows, a scale per row). Both give the same bytes."""
-    def launch_with(quantize_q, q_strides):
-        variant = _launch_fp8.variant({**_fp8_constexprs(call), "QUANTIZE_Q": quantize_q, "ABLATE": ablate},
-                                      num_warps=4)
-        return _fp8_launch(variant, (parts, -(-call.rows // BLOCK_M.value)), call, q_strides)
-
-    in_kernel = launch_with(call.q.dtype == torch.bfloat16, call.q.stride()[:3])
-    if call.q.dtype != torch.bfloat16 or quantize_q_in_kernel(call, parts):
-        return lambda call, o_part, lse_part, site: in_kernel(call, call.q, call.descale_q, o_part, lse_part, site)
-    quantize, packed_strides = plan_quantize_q(call.q, rope_fp8=call.kv_format == "fp8")
-    quantized_first = launch_with(False, packed_strides)
-
-    graph_path_loaded = False
-
-    def launch(call, o_part, lse_part, site):
-        nonlocal graph_path_loaded
-        capturing = launcher.capturing(call.q.device)
-        # the first eager call also runs the graph path (the same out and lse, written twice), so that its kernels
-        # are loaded before a capture, which cannot load a module
-        if capturing or not graph_path_loaded:
-            quantized_first(call, *quantize(call.q, call.signature, site), o_part, lse_part, site)
-            graph_path_loaded = True
-        if not capturing:
-            in_kernel(call, call.q, None, o_part, lse_part, site)
-    return launch
+    """fp8.py's kernel: 64 query rows a CTA."""
+    variant = _launch_fp8.variant({**_fp8_constexprs(call), "ABLATE": ablate}, num_warps=4)
+    return _fp8_launch(variant, (parts, -(-call.rows // BLOCK_M.value)), call)
 
 
 def _plan_small(call, parts):
     """small.py's kernel: the call's (at most 32) query rows in one CTA per part, as the wgmma's N."""
     variant = _launch_small.variant({**_fp8_constexprs(call), "ROWS": rows_per_cta(call.rows)}, num_warps=4)
-    launch = _fp8_launch(variant, (parts, 1), call, call.q.stride()[:3])
-    return lambda call, o_part, lse_part, site: launch(call, call.q, call.descale_q, o_part, lse_part, site)
+    return _fp8_launch(variant, (parts, 1), call)
 
 
 def _plan_bf16(call, parts, ablate):

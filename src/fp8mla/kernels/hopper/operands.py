@@ -13,9 +13,8 @@ from ..triton_compat import cp_async_load, reinterpret
 from .layouts import HALF, LAT_SMEM, P_SMEM, Q_CHUNK, Q_LOAD, SCALE_COLS, SCALE_SMEM, VEC_SMEM, VT_SMEM
 
 # what load_q finds at q's pointer
-Q_AS_IS = gl.constexpr(0)         # q in q_lat's dtype (an e4m3 q in fp8.py, a bf16 q in bf16.py): copied
-Q_QUANTIZE = gl.constexpr(1)      # a bf16 q (small.py; fp8.py with QUANTIZE_Q): quantized here
-Q_PREQUANTIZED = gl.constexpr(2)  # a bf16 q quantized before the launch (fp8.py): q_quant's packed rows
+Q_AS_IS = gl.constexpr(0)      # q in q_lat's dtype (an e4m3 q in the FP8 kernels, a bf16 q in bf16.py): copied
+Q_QUANTIZE = gl.constexpr(1)   # a bf16 q in the FP8 kernels: quantized (fp8.py's by quantize_half)
 
 
 @gluon.jit
@@ -40,16 +39,15 @@ def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORM
 
 
 @gluon.jit
-def load_q(q_rows, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
-    """One request's query rows (as many as q_lat has) into shared memory; returns each row's descale.
+def load_q(q_rows, q_lat, q_rope, SOURCE: gl.constexpr):
+    """One request's query rows (as many as q_lat has) into shared memory; returns each row's descale (1 for
+    Q_AS_IS).
 
-    SOURCE: Q_AS_IS, Q_QUANTIZE (each row to e4m3 with a scale per row, amax / 448, as q_quant.py does it: the
-    latent part, and the RoPE part too where q_rope is e4m3) or Q_PREQUANTIZED (q_quant's packed rows: e4m3 latent,
-    then the RoPE part in q_rope's dtype; the request's descales at descale_ptr).
-    This code is on the critical path of every request's start: Q_QUANTIZE (at most 32 rows: the small-rows kernel;
-    the 64-row kernel's PV warpgroups quantize its rows, half each, by quantize_half) reads the tile once, whole;
-    the other sources are copied by cp.async, every copy issued before the one wait (one trip to memory, no
-    registers held).
+    SOURCE: Q_AS_IS or Q_QUANTIZE (each row to e4m3 with a scale per row, amax / 448: the latent part, and the
+    RoPE part too where q_rope is e4m3; at most 32 rows, the small-rows kernel's: the 64-row kernel's PV
+    warpgroups quantize its rows, half each, by quantize_half).
+    This code is on the critical path of every request's start: Q_QUANTIZE reads the tile once, whole; Q_AS_IS is
+    copied by cp.async, every copy issued before the one wait (one trip to memory, no registers held).
     """
     q_ptr, stride_qs, stride_qh, H, R = q_rows
     ROWS: gl.constexpr = q_lat.shape[0]
@@ -58,10 +56,7 @@ def load_q(q_rows, q_lat, q_rope, descale_ptr, SOURCE: gl.constexpr):
         row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
         descale = _quantize_rows(row_ptr, (rows < R)[:, None], q_lat, q_rope)
     else:
-        if SOURCE == Q_PREQUANTIZED:
-            descale = gl.load(descale_ptr + rows, mask=rows < R, other=1.0)
-        else:
-            descale = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
+        descale = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
         # q_lat as its column chunks (a swizzled tile is stored swizzle-width column block by block, so chunk c is
         # [c]), indexed at run time so that the loop stays a loop (once-per-request code runs from a cold
         # instruction cache)
@@ -98,7 +93,7 @@ def _quantize_rows(row_ptr, ok, q_lat, q_rope):
     x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
     rope_ptr = _rope_ptr(row_ptr)
     amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
-    ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # one scale for the whole row: see q_quant.py
+    ROPE_FP8: gl.constexpr = q_rope.dtype == gl.float8e4nv   # (the fp8 cache: one scale for the whole row)
     if ROPE_FP8:
         x_rope = gl.load(rope_ptr, mask=ok, other=0.0)
         amax = gl.maximum(amax, gl.max(gl.abs(x_rope.to(gl.float32)), axis=1))
@@ -119,7 +114,7 @@ def _rope_ptr(row_ptr):
 @gluon.jit
 def _copy_rows_async(dst, q_rows, col0):
     """cp.async of the CTA's query rows into dst, 16 bytes a copy, from column col0 (of q's element type) on, read
-    as dst's dtype (q_quant's packed rows: bf16 RoPE after the e4m3 latent part); rows past R are zero-filled."""
+    as dst's dtype; rows past R are zero-filled."""
     q_ptr, stride_qs, stride_qh, H, R = q_rows
     ROWS: gl.constexpr = dst.shape[0]
     COLS: gl.constexpr = dst.shape[1]

@@ -80,7 +80,7 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, q_smem, ring, hand, red, 
         seqlen, lo, hi = request_range(part, req)
         if lo < hi:
             q_scale = gl.convert_layout(
-                load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, descale_q_ptr,
+                load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope,
                        Q_AS_IS if Q_FP8 else Q_QUANTIZE), row_l)
             limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             bad = not planned_for(part, req, seqlen)   # or, below, a page outside the cache
