@@ -14,7 +14,7 @@ P positions for the P buffers, finished requests for the epilogue).
   epi_ready        1: softmax WG wrote the request's O scale (norm)   both PV WGs, at the request's end
   epi_free         2: each PV WG read it                              the softmax WG, at the next request's end
   q_ready          2: each PV WG quantized its half of a bf16 q's     the softmax WG, at the request's start
-                   rows (fp8.py with QUANTIZE_Q)
+                   rows (fp8.py, a bf16 q)
 
 Who issues the TMA loads: the softmax warpgroup (fp8.py, between its pages' products), a load warp of its own
 (small.py), the left PV warpgroup right after its P.V (bf16.py). The bf16 kernel splits ring.ready by 128-column
