@@ -13,8 +13,8 @@ launch's 65536 / 384 = 168-register cap, and a PV warpgroup's 64 x 256 fp32 accu
 A bf16 q is quantized here with a scale per row (for fp8_rope_bf16 its latent part, RoPE kept bf16; for the fp8
 cache, whose RoPE keys are e4m3, the whole row), at each request's start, by the PV warpgroups, half the rows each,
 while the softmax warpgroup waits: every CTA of a split request repeats it, which costs less than a launch that
-quantizes q first (docs/design.md); an e4m3 q comes with one scale. With the fp8 cache the latent q is then held in registers as the Q.K^T wgmma's A operand.
-The handshakes are handshakes.py's.
+quantizes q first (docs/design.md); an e4m3 q comes with one scale. With the fp8 cache the latent q is then held
+in registers as the Q.K^T wgmma's A operand. The handshakes are handshakes.py's.
 """
 import triton.language as tl
 from triton.experimental import gluon
