@@ -49,12 +49,10 @@ def load_q(q_rows, q_lat, q_rope, SOURCE: gl.constexpr):
     This code is on the critical path of every request's start: Q_QUANTIZE reads the tile once, whole; Q_AS_IS is
     copied by cp.async, every copy issued before the one wait (one trip to memory, no registers held).
     """
-    q_ptr, stride_qs, stride_qh, H, R = q_rows
     ROWS: gl.constexpr = q_lat.shape[0]
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
     if SOURCE == Q_QUANTIZE:
-        row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
-        descale = _quantize_rows(row_ptr, (rows < R)[:, None], q_lat, q_rope)
+        descale = _quantize_rows(q_rows, rows, q_lat, q_rope)
     else:
         descale = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
         # q_lat as its column chunks (a swizzled tile is stored swizzle-width column block by block, so chunk c is
@@ -77,19 +75,20 @@ def quantize_half(q_rows, q_lat, q_rope, descale_smem, WG: gl.constexpr):
     32 WG + 31 into those rows of q_lat and q_rope, their descales into descale_smem; then fenced for the
     softmax warpgroup's wgmma. Two warpgroups each hold half the tile in registers, read once (64 rows in one
     warpgroup made ptxas spill, and two passes over column chunks cost the softmax warpgroup's start its time)."""
-    q_ptr, stride_qs, stride_qh, H, R = q_rows
     ROWS: gl.constexpr = q_lat.shape[0] // 2
     rows = gl.program_id(1) * q_lat.shape[0] + WG * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
-    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
-    descale = _quantize_rows(row_ptr, (rows < R)[:, None], q_lat.slice(WG * ROWS, ROWS), q_rope.slice(WG * ROWS, ROWS))
+    descale = _quantize_rows(q_rows, rows, q_lat.slice(WG * ROWS, ROWS), q_rope.slice(WG * ROWS, ROWS))
     descale_smem.slice(WG * ROWS, ROWS).store(descale)
     fence_async_shared()
 
 
 @gluon.jit
-def _quantize_rows(row_ptr, ok, q_lat, q_rope):
-    """Q_QUANTIZE of at most 32 rows (at most 128 latent values a thread, read once, whole) into q_lat and q_rope;
-    returns the rows' descales. row_ptr, ok: the rows' pointers and which rows exist [rows, 1]."""
+def _quantize_rows(q_rows, rows, q_lat, q_rope):
+    """Q_QUANTIZE of the request's query rows ``rows`` (at most 32: at most 128 latent values a thread, read once,
+    whole) into q_lat and q_rope; returns their descales."""
+    q_ptr, stride_qs, stride_qh, H, R = q_rows
+    row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
+    ok = (rows < R)[:, None]
     x = gl.load(row_ptr + gl.arange(0, D_LATENT, gl.SliceLayout(0, Q_LOAD))[None, :], mask=ok, other=0.0)
     rope_ptr = _rope_ptr(row_ptr)
     amax = gl.max(gl.abs(x.to(gl.float32)), axis=1)
