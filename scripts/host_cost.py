@@ -140,11 +140,11 @@ def print_parts(p, calls: int, rounds: int, sync) -> None:
                                            ((b + meta.shape[0], s_q * h_q), torch.float32))
         grid = (meta.shape[0], -(-s_q * h_q // 64))
         recorded = []   # the decode's arguments, as its plan passes them
-        hopper_launch._fp8_launch(lambda grid, args, key, site: recorded.append(args), grid, call)(
+        hopper_launch.fp8_launch(lambda grid, args, key, site: recorded.append(args), grid, call)(
             call, o_part, lse_part, site)
         decode_args = recorded[0]
         cached = hopper_launch._launch_fp8
-        variant = cached.variant({**hopper_launch._fp8_constexprs(call), "ABLATE": 0}, num_warps=4)
+        variant = cached.variant(hopper_launch.fp8_kernel_constexprs(call), num_warps=4)
         constexprs = variant.constexprs
         steps["launcher.launch_site()"] = launcher.launch_site
         steps["decode launch: CachedLauncher (a plan's variant)"] = lambda: variant(grid, decode_args,

@@ -17,7 +17,7 @@ import torch
 pytest.importorskip("transformers.models.deepseek_v3")
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "deepseek_v3_decode.py"
-COS_BOUND = {"bf16": 2e-5, "fp8": 2e-3, "fp8_rope_bf16": 2e-3}
+COS_BOUND = {"bf16": 2e-5, "fp8": 2e-3, "fp8_rope_bf16": 2e-3, "fp8_ds_mla": 2e-3}
 
 
 @pytest.fixture(scope="module")

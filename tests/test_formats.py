@@ -3,7 +3,7 @@ import torch
 
 from fp8mla import dequantize_kv_cache, empty_kv_cache, quantize_kv_cache, write_kv_cache
 from fp8mla.formats import (FP8_MAX, KV_FORMATS, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET, infer_kv_format,
-                            unpack_fp8_rope_bf16)
+                            unpack_fp8_ds_mla, unpack_fp8_rope_bf16)
 
 
 def random_cache(num_pages=3, rope_scale=1.0):
@@ -16,12 +16,12 @@ def random_cache(num_pages=3, rope_scale=1.0):
 def test_quantize_round_trip(kv_format):
     kv = random_cache()
     k_cache, descale_k = quantize_kv_cache(kv, kv_format)
-    assert infer_kv_format(k_cache) == kv_format
+    assert infer_kv_format(k_cache, sparse=kv_format == "fp8_ds_mla") == kv_format
     back = dequantize_kv_cache(k_cache, descale_k, kv_format)
     err = (back - kv.float()).abs() / kv.float().abs().amax()
     # e4m3 has 3 mantissa bits: relative rounding error <= 2^-4 of the value, and scales are per tensor/token
     assert err.max() <= (0 if kv_format == "bf16" else 2 ** -4 * 1.01)
-    if kv_format == "fp8_rope_bf16":
+    if kv_format in ("fp8_rope_bf16", "fp8_ds_mla"):
         assert torch.equal(back[..., 512:], kv[..., 512:].float())  # RoPE kept exactly
 
 
@@ -37,8 +37,31 @@ def test_fp8_rope_bf16_layout():
     assert torch.equal(descale, torch.exp2(torch.log2(descale).round()))
     assert ((amax / descale <= FP8_MAX) & ((amax == 0) | (amax / descale >= FP8_MAX / 2))).all()
     assert torch.equal(rope, kv[..., 512:])
-    assert (rows[..., SCALE_OFFSET + 4:ROPE_OFFSET] == 0).all()
+    slots = rows[..., SCALE_OFFSET:ROPE_OFFSET].contiguous().view(torch.float32)
+    assert torch.equal(slots, descale.expand_as(slots))   # in all four slots: also a valid fp8_ds_mla row
     assert (latent.float().abs().amax(-1) >= FP8_MAX / 2).sum() == amax.gt(0).sum()  # each uses its top binade
+
+
+def test_fp8_ds_mla_layout():
+    """A descale per 128 latent dims, each the power of two just above its group's amax / 448; one cache, two
+    readings: the same values where the four descales are equal (fp8mla's fp8_rope_bf16 writer), else only
+    fp8_ds_mla's are right."""
+    kv = random_cache(1)
+    for g, f in enumerate((1.0, 8.0, 0.25, 0.0)):   # the last group all zero: descale 1
+        kv[..., 128 * g:128 * (g + 1)] *= f
+    rows, _ = quantize_kv_cache(kv, "fp8_ds_mla")
+    latent, descales, rope = unpack_fp8_ds_mla(rows)
+    amax = kv[..., :512].float().unflatten(-1, (4, 128)).abs().amax(-1)
+    assert torch.equal(descales[..., 3], torch.ones_like(descales[..., 3]))
+    assert torch.equal(descales, torch.exp2(torch.log2(descales).round()))
+    assert ((amax / descales <= FP8_MAX) & ((amax == 0) | (amax / descales >= FP8_MAX / 2))).all()
+    assert torch.equal(rope, kv[..., 512:])
+    assert infer_kv_format(rows) == "fp8_rope_bf16" and infer_kv_format(rows, sparse=True) == "fp8_ds_mla"
+    as_ds = dequantize_kv_cache(rows, kv_format="fp8_ds_mla")
+    assert not torch.equal(dequantize_kv_cache(rows, kv_format="fp8_rope_bf16"), as_ds)
+    own, _ = quantize_kv_cache(kv, "fp8_rope_bf16")
+    assert torch.equal(dequantize_kv_cache(own, kv_format="fp8_rope_bf16"),
+                       dequantize_kv_cache(own, kv_format="fp8_ds_mla"))
 
 
 def test_bf16_rope_keeps_large_scores_accurate():

@@ -11,7 +11,8 @@ from .schedule import MLASchedule, plan
 
 
 def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per_head_k: int | None = None,
-                     num_heads_k: int | None = None, num_parts: int | None = None):
+                     num_heads_k: int | None = None, num_heads_q: int | None = None, is_fp8_kvcache: bool = False,
+                     topk: int | None = None, *, num_parts: int | None = None):
     """``(tile_scheduler_metadata [num_parts, 8] int32, num_splits [b + 1] int32)`` for one decode step.
 
     ``num_q_tokens_per_head_k`` is ``s_q * h_q // h_kv`` (the query rows that share one KV head) and
@@ -24,9 +25,11 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per
     and the decode marks that request NaN.
 
     ``get_mla_metadata()`` with no arguments is FlashMLA's current convention: ``(MLASchedule(), None)``, a
-    schedule the first decode call plans for its batch (:class:`fp8mla.schedule.MLASchedule`).
+    schedule the first decode call plans for its batch (:class:`fp8mla.schedule.MLASchedule`). So is a call with
+    ``topk`` (FlashMLA's sparse form, ``num_heads_q`` and ``is_fp8_kvcache`` accepted as it has them): a sparse
+    call's schedule depends on b, s_q, h_q and topk only, and its first decode call plans it.
     """
-    if cache_seqlens is None:
+    if cache_seqlens is None or topk is not None:
         return MLASchedule(), None
     signature = checks.check_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k, num_parts)
     if cache_seqlens.shape[0] == 0 or (not cache_seqlens.is_cuda and not interpreter_active()):
@@ -37,7 +40,8 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per
 def _planned(call: checks.DecodeCall) -> checks.DecodeCall:
     """The call with its MLASchedule planned (kept while the batch's configuration holds)."""
     schedule = call.meta
-    config = (call.q.shape[0], call.rows, call.q.device)
+    config = (call.cache_seqlens.shape[0], call.rows, call.q.device,
+              None if call.gather is None else call.block_table.shape[1])
     if schedule.config != config:
         schedule.tile_scheduler_metadata, schedule.num_splits = get_mla_metadata(call.cache_seqlens, call.rows, 1)
         schedule.config = config
@@ -49,7 +53,9 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                            tile_scheduler_metadata: torch.Tensor | MLASchedule, num_splits: torch.Tensor | None = None,
                            softmax_scale: float | None = None, causal: bool = False,
                            descale_q: torch.Tensor | None = None, descale_k: torch.Tensor | None = None,
-                           kv_format: str | None = None, *, out: torch.Tensor | None = None,
+                           kv_format: str | None = None, *, is_fp8_kvcache: bool | None = None,
+                           indices: torch.Tensor | None = None, topk_length: torch.Tensor | None = None,
+                           attn_sink: torch.Tensor | None = None, out: torch.Tensor | None = None,
                            lse: torch.Tensor | None = None, backend: str | None = None,
                            validate: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """MLA decode over a paged cache: ``(out [b, s_q, h_q, 512] bf16, lse [b, h_q, s_q] fp32)``.
@@ -74,16 +80,36 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         entries leave the cache, or which the schedule was not planned for gets NaN in its out and lse, and
         nothing is read outside its tensors.
     A request with seqlen 0 (or a query row that sees no key) gets out 0 and lse +inf.
+
+    Sparse decode (DeepSeek V3.2), FlashMLA's sparse call: ``indices [b, s_q, topk]`` int32 gives each query token
+    the cache rows it attends to (row = page * 64 + offset; -1: skipped; block_table and cache_seqlens are not
+    used, pass None), with the schedule of ``get_mla_metadata()`` and ``num_splits=None``; ``topk_length [b]``
+    int32 counts only the first that many indices of each batch entry; ``attn_sink [h_q]`` fp32 scales head h's
+    out by ``exp(lse) / (exp(lse) + exp(attn_sink[h]))`` (lse unchanged); ``causal`` must be False. A 656-byte cache
+    is read as ``"fp8_ds_mla"`` (a descale per 128 latent dims) unless ``kv_format`` says otherwise. An index
+    below -1 or past the cache, or a topk_length outside [0, topk], makes that query token's out and lse NaN and
+    is never read. ``is_fp8_kvcache`` (FlashMLA's flag) is checked against the cache's dtype when given.
     """
-    call = checks.check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
-                               num_splits, softmax_scale, causal, descale_q, descale_k, kv_format, out, lse)
-    decoder = kernels.select(backend, q.device, call.kv_format, call.rows)
-    if q.shape[0] == 0:
+    if is_fp8_kvcache is not None and bool(is_fp8_kvcache) != (k_cache.dtype != torch.bfloat16):
+        raise ValueError(f"is_fp8_kvcache={is_fp8_kvcache} but k_cache is {k_cache.dtype}")
+    if indices is None:
+        if topk_length is not None or attn_sink is not None:
+            raise ValueError("topk_length and attn_sink are for the sparse call (indices)")
+        call = checks.check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                   num_splits, softmax_scale, causal, descale_q, descale_k, kv_format, out, lse)
+    else:
+        call = checks.check_sparse(q, k_cache, indices, topk_length, attn_sink, head_dim_v, tile_scheduler_metadata,
+                                   num_splits, softmax_scale, causal, descale_q, descale_k, kv_format, out, lse)
+    decoder = kernels.select(backend, q.device, call.kv_format, call.rows, call.gather is not None)
+    if call.cache_seqlens.shape[0] == 0:   # (no requests: b, or b * s_q for a sparse call)
         return call.out, call.lse
     if call.num_splits is None:
         call = _planned(call)
     if validate and not (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
-        checks.check_indices(call)
+        if call.gather is None:
+            checks.check_indices(call)
+        else:
+            checks.check_sparse_data(call)
     kernels.launch_decode(decoder, call)
     return call.out, call.lse
 

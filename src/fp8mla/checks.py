@@ -13,9 +13,17 @@ from typing import NamedTuple
 
 import torch
 
-from .formats import D_LATENT, D_QK, FP8_DTYPE, PAGE_SIZE, infer_kv_format
+from .formats import D_LATENT, D_QK, FP8_DTYPE, PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET, infer_kv_format
 from .runtime import interpreter_active
 from .schedule import METADATA_WIDTH, MLASchedule, plan
+
+
+class Gather(NamedTuple):
+    """What a sparse call adds (``indices`` given): its requests are the ``b * s_q`` query tokens, each with its own
+    row of indices (the DecodeCall's block_table, ``[b * s_q, topk]``) and ``h_q`` query rows."""
+    s_q: int                          # query tokens per batch entry (the out / lse layout's s_q)
+    topk_length: torch.Tensor | None  # [b] int32: only the first topk_length[i] indices of batch entry i count
+    attn_sink: torch.Tensor | None    # [h_q] fp32
 
 
 class DecodeCall(NamedTuple):
@@ -35,7 +43,15 @@ class DecodeCall(NamedTuple):
     # a number standing for the call's signature, what the checks and the kernels' specializations depend on (equal
     # signatures, equal numbers, while check_decode remembers them); None: unknown
     signature: int | None = None
-    rows: int = 0               # query rows per request: s_q * h_q, which share every KV page
+    rows: int = 0               # query rows per request: s_q * h_q, which share every KV page (sparse: h_q)
+    gather: Gather | None = None  # a sparse call's (block_table: its indices; cache_seqlens: topk each)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(requests, query tokens a request, heads) as the kernels see them: (b, s_q, h_q), sparse (b * s_q, 1,
+        h_q)."""
+        b, s_q, h_q, _ = self.q.shape
+        return (b, s_q, h_q) if self.gather is None else (b * s_q, 1, h_q)
 
 
 def check_tensor(name, t, dtypes, dim=None):
@@ -84,14 +100,8 @@ def _check_arguments(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, n
     """Every check of check_decode's; returns what the call derives from its arguments: (kv_format, softmax_scale,
     causal)."""
     # ---- shapes, dtypes, devices ----
-    check_tensor("q", q, (torch.bfloat16, FP8_DTYPE), dim=4)
-    b, s_q, h_q, d_qk = q.shape
-    if d_qk != D_QK:
-        raise ValueError(f"q's head dim must be {D_QK} (512 latent + 64 RoPE), got {d_qk}")
-    if head_dim_v != D_LATENT:
-        raise ValueError(f"head_dim_v must be {D_LATENT}, got {head_dim_v}")
-    if q.stride(-1) != 1:
-        raise ValueError("q's last dimension must be contiguous")
+    _check_q(q, head_dim_v)
+    b = q.shape[0]
     kv_format = check_cache(k_cache, kv_format)
     check_tensor("block_table", block_table, (torch.int32,), dim=2)
     check_seqlens(cache_seqlens)
@@ -121,7 +131,59 @@ def _check_arguments(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, n
             raise ValueError(f"{name} is on {t.device}, q on {device}")
     check_device(device)
 
-    # ---- scales ----
+    softmax_scale = _check_scales(q, kv_format, descale_q, descale_k, softmax_scale)
+    _check_outputs(q, out, lse)
+    return kv_format, softmax_scale, bool(causal)
+
+
+def _check_q(q, head_dim_v) -> None:
+    check_tensor("q", q, (torch.bfloat16, FP8_DTYPE), dim=4)
+    if q.shape[3] != D_QK:
+        raise ValueError(f"q's head dim must be {D_QK} (512 latent + 64 RoPE), got {q.shape[3]}")
+    if head_dim_v != D_LATENT:
+        raise ValueError(f"head_dim_v must be {D_LATENT}, got {head_dim_v}")
+    if q.stride(-1) != 1:
+        raise ValueError("q's last dimension must be contiguous")
+
+
+def _check_sparse_arguments(q, k_cache, indices, topk_length, attn_sink, head_dim_v, meta, num_splits,
+                            softmax_scale, causal, descale_q, descale_k, kv_format, out, lse) -> tuple[str, float]:
+    """Every check of check_sparse's; returns (kv_format, softmax_scale)."""
+    _check_q(q, head_dim_v)
+    b, s_q, h_q, _ = q.shape
+    if not isinstance(k_cache, torch.Tensor):
+        raise TypeError(f"k_cache must be a torch.Tensor, got {type(k_cache).__name__}")
+    kv_format = check_cache(k_cache, infer_kv_format(k_cache, kv_format, sparse=True))
+    check_tensor("indices", indices, (torch.int32,), dim=3)
+    if indices.shape[:2] != (b, s_q) or indices.shape[2] < 1 or not indices.is_contiguous():
+        raise ValueError(f"indices must be a contiguous int32 [{b}, {s_q}, topk] tensor (topk >= 1), got shape "
+                         f"{list(indices.shape)}, strides {indices.stride()}")
+    if causal:
+        raise ValueError("causal must be False with indices: the indexer's top-k already says what each token sees")
+    if topk_length is not None:
+        check_tensor("topk_length", topk_length, (torch.int32,), dim=1)
+        if topk_length.shape[0] != b or not topk_length.is_contiguous():
+            raise ValueError(f"topk_length must be a contiguous int32 [{b}] tensor, got {list(topk_length.shape)}")
+    if attn_sink is not None:
+        check_tensor("attn_sink", attn_sink, (torch.float32,), dim=1)
+        if attn_sink.shape[0] != h_q or not attn_sink.is_contiguous():
+            raise ValueError(f"attn_sink must be a contiguous fp32 [{h_q}] tensor, got {list(attn_sink.shape)}")
+    if not isinstance(meta, MLASchedule) or num_splits is not None:
+        raise ValueError("a sparse call (indices) takes the schedule get_mla_metadata() returns, with num_splits "
+                         "None: it is planned for the call's b * s_q query tokens of topk indices each")
+    for name, t in (("k_cache", k_cache), ("indices", indices), ("topk_length", topk_length),
+                    ("attn_sink", attn_sink)):
+        if t is not None and t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    check_device(q.device)
+    softmax_scale = _check_scales(q, kv_format, descale_q, descale_k, softmax_scale)
+    _check_outputs(q, out, lse)
+    return kv_format, softmax_scale
+
+
+def _check_scales(q, kv_format, descale_q, descale_k, softmax_scale) -> float:
+    """The scale arguments; returns the softmax scale (its default filled in)."""
+    device = q.device
     q_fp8 = q.dtype == FP8_DTYPE
     if q_fp8:
         if kv_format != "fp8":
@@ -143,15 +205,18 @@ def _check_arguments(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, n
     softmax_scale = float(softmax_scale)
     if not softmax_scale > 0:  # the kernels take each row's max on unscaled scores
         raise ValueError(f"softmax_scale must be a positive number, got {softmax_scale}")
+    return softmax_scale
 
-    # ---- outputs ----
+
+def _check_outputs(q, out, lse) -> None:
+    b, s_q, h_q, _ = q.shape
+    device = q.device
     if out is not None and (out.shape != (b, s_q, h_q, D_LATENT) or out.dtype != torch.bfloat16
                             or not out.is_contiguous() or out.device != device):
         raise ValueError(f"out must be a contiguous bf16 [{b}, {s_q}, {h_q}, {D_LATENT}] tensor on {device}")
     if lse is not None and (lse.shape != (b, h_q, s_q) or lse.dtype != torch.float32 or not lse.is_contiguous()
                             or lse.device != device):
         raise ValueError(f"lse must be a contiguous fp32 [{b}, {h_q}, {s_q}] tensor on {device}")
-    return kv_format, softmax_scale, bool(causal)
 
 
 def _not_a_tensor():
@@ -206,6 +271,51 @@ def check_decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_s
                       descale_k, softmax_scale, causal, number, s_q * h_q)
 
 
+_sparse_checked: dict = {}   # as _checked, for sparse calls
+_topk_seqlens: dict = {}     # (requests, topk, device) -> [requests] int32 of topk: a sparse call's seqlens
+
+
+def _topk_of(requests: int, topk: int, device) -> torch.Tensor:
+    """Each of a sparse call's requests has topk tokens (the schedule's and the combine's seqlens), one tensor per
+    shape kept, so a CUDA graph keeps reading the same memory."""
+    key = (requests, topk, device)
+    if key not in _topk_seqlens:
+        if len(_topk_seqlens) >= 64:
+            _topk_seqlens.clear()
+        _topk_seqlens[key] = torch.full((requests,), topk, dtype=torch.int32, device=device)
+    return _topk_seqlens[key]
+
+
+def check_sparse(q, k_cache, indices, topk_length, attn_sink, head_dim_v, meta, num_splits, softmax_scale, causal,
+                 descale_q, descale_k, kv_format, out, lse) -> DecodeCall:
+    """A sparse call's arguments checked (flash_mla_with_kvcache with ``indices``), once per signature as in
+    check_decode, as a DecodeCall whose requests are the b * s_q query tokens: block_table is ``indices`` as
+    ``[b * s_q, topk]``, cache_seqlens topk for each."""
+    try:
+        signature = (*[(t.dtype, t.shape, t.stride(), t.device, not t.data_ptr() & 15) if type(t) is torch.Tensor
+                       else type(t) if t is None or type(t) is MLASchedule else _not_a_tensor()
+                       for t in (q, k_cache, indices, topk_length, attn_sink, meta, num_splits, descale_q, descale_k,
+                                 out, lse)],
+                     head_dim_v, softmax_scale, causal, kv_format, q.is_cuda or interpreter_active())
+        known = _sparse_checked.get(signature)
+    except TypeError:
+        signature = known = None
+    if known is None:
+        known = _remember(_sparse_checked, signature, _check_sparse_arguments(
+            q, k_cache, indices, topk_length, attn_sink, head_dim_v, meta, num_splits, softmax_scale, causal,
+            descale_q, descale_k, kv_format, out, lse))
+    (kv_format, softmax_scale), number = known
+    b, s_q, h_q, _ = q.shape
+    topk = indices.shape[2]
+    if out is None:
+        out = q.new_empty((b, s_q, h_q, D_LATENT), dtype=torch.bfloat16)
+    if lse is None:
+        lse = q.new_empty((b, h_q, s_q), dtype=torch.float32)
+    return DecodeCall(q, k_cache, kv_format, indices.view(b * s_q, topk), _topk_of(b * s_q, topk, q.device), meta,
+                      None, out, lse, descale_q, descale_k, softmax_scale, False, number, h_q,
+                      Gather(s_q, topk_length, attn_sink))
+
+
 _metadata_checked: dict = {}   # signature -> (None, its number): get_mla_metadata's checks passed for it
 
 
@@ -257,10 +367,44 @@ def check_indices(call: DecodeCall) -> None:
                          f"(pages of {PAGE_SIZE} tokens)")
     if lo < 0 or hi >= num_pages:
         raise ValueError(f"block_table refers to page {lo if lo < 0 else hi}, outside the cache's {num_pages} pages")
+    if call.kv_format == "fp8_rope_bf16":
+        rows = (referenced[:, :, None].long() * PAGE_SIZE + torch.arange(PAGE_SIZE, device=block_table.device))
+        _check_one_descale(call.k_cache, rows[used])
     if not isinstance(call.meta, MLASchedule) and not is_schedule_for(call):
         raise ValueError("tile_scheduler_metadata and num_splits are not get_mla_metadata's schedule for these "
                          "cache_seqlens (planned for other cache_seqlens, or never written): call get_mla_metadata "
                          "again for this step's seqlens")
+
+
+def _check_one_descale(k_cache, rows) -> None:
+    """An ``"fp8_rope_bf16"`` reading takes a row's first descale for all its latent dims: the rows read must have
+    four equal ones (as fp8mla's writer stores them), else the cache is ``"fp8_ds_mla"``."""
+    descales = k_cache.view(-1, ROW_BYTES)[rows.reshape(-1)][:, SCALE_OFFSET:ROPE_OFFSET].view(torch.float32)
+    if not bool((descales == descales[:, :1]).all()):
+        raise ValueError("k_cache read as 'fp8_rope_bf16' (one descale a row) has rows whose four descales differ: "
+                         "pass kv_format='fp8_ds_mla' (a descale per 128 latent dims)")
+
+
+def check_sparse_data(call: DecodeCall) -> None:
+    """The sparse call's opt-in data check (host read-backs): every index counted is -1 or a row of the cache, and
+    topk_length is within [0, topk]."""
+    indices, topk_length = call.block_table, call.gather.topk_length
+    requests, topk = indices.shape
+    cache_rows = call.k_cache.shape[0] * PAGE_SIZE
+    counted = torch.ones_like(indices, dtype=torch.bool)
+    if topk_length is not None:
+        lo, hi = topk_length.min().item(), topk_length.max().item()
+        if lo < 0 or hi > topk:
+            raise ValueError(f"topk_length holds {lo if lo < 0 else hi}, outside [0, topk={topk}]")
+        lengths = topk_length.long().repeat_interleave(call.gather.s_q)
+        counted = torch.arange(topk, device=indices.device)[None, :] < lengths[:, None]
+    used = torch.where(counted, indices.long(), -1)
+    lo, hi = used.min().item(), used.max().item()
+    if lo < -1 or hi >= cache_rows:
+        raise ValueError(f"indices holds {lo if lo < -1 else hi}, outside the cache's rows [0, {cache_rows}) "
+                         "(and -1, skipped)")
+    if call.kv_format == "fp8_rope_bf16":
+        _check_one_descale(call.k_cache, used[used >= 0])
 
 
 def is_schedule_for(call: DecodeCall) -> bool:

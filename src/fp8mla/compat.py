@@ -6,7 +6,10 @@ FlashMLA's own ``get_mla_metadata`` / ``flash_mla_with_kvcache`` are :mod:`fp8ml
   ``vllm/v1/attention/ops/flashmla.py`` (vllm-project/vllm, read at commit 055e47c2), same argument order and
   defaults; vLLM passes ``k_cache`` as ``[blocks, 64, 1, 576]`` e4m3 and ``descale_q``/``descale_k`` as ``[1]``.
 * ``concat_and_cache_mla``: the cache writer ``vllm._custom_ops.concat_and_cache_mla`` (same commit era), with its
-  ``kv_cache_dtype`` strings plus fp8mla's ``"fp8_rope_bf16"``.
+  ``kv_cache_dtype`` strings (``"fp8_ds_mla"``: DeepSeek V3.2's 656-byte cache) plus fp8mla's ``"fp8_rope_bf16"``.
+
+vLLM's sparse backend calls FlashMLA's ``flash_mla_with_kvcache`` with ``indices`` (and ``is_fp8_kvcache``,
+``topk_length``, ``attn_sink``) by keyword: :func:`fp8mla.flash_mla_with_kvcache` takes that call as it is.
 
 Like the kernels they replace, none of them reads anything back to the host, so they can be captured in a CUDA
 graph and called per layer without a stall (the decode skips fp8mla's block-table validation).
@@ -20,7 +23,7 @@ from .formats import FP8_DTYPE
 
 # vLLM's cache dtype names -> fp8mla's format names ("auto": the model's dtype, which must be bf16 here)
 KV_CACHE_DTYPES = {"auto": "bf16", "bfloat16": "bf16", "fp8": "fp8", "fp8_e4m3": "fp8",
-                   "fp8_rope_bf16": "fp8_rope_bf16"}
+                   "fp8_rope_bf16": "fp8_rope_bf16", "fp8_ds_mla": "fp8_ds_mla"}
 
 
 def get_mla_metadata_dense_fp8(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int,
@@ -50,7 +53,8 @@ def concat_and_cache_mla(kv_c: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch
 
     kv_cache: vLLM's ``[blocks, 64, row]`` (or fp8mla's ``[blocks, 64, 1, row]``); FP8 caches may be the uint8
         storage vLLM allocates. kv_cache_dtype: ``"auto"`` (bf16 cache), ``"fp8"``/``"fp8_e4m3"`` (per-tensor
-        ``scale``, value = fp8 * scale) or ``"fp8_rope_bf16"`` (per-token scales in the cache; ``scale`` unused).
+        ``scale``, value = fp8 * scale), ``"fp8_rope_bf16"`` (a descale per token in the cache) or ``"fp8_ds_mla"``
+        (a descale per 128 latent dims in the cache); ``scale`` is unused but for ``"fp8"``.
     Only the first ``slot_mapping.shape[0]`` tokens are written: as in vLLM, ``kv_c``/``k_pe`` may carry CUDA-graph
     padding after them. Negative slots are skipped.
     """

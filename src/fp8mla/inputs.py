@@ -71,6 +71,57 @@ def make_problem(b: int, s_q: int, h_q: int, seqlens: torch.Tensor | list[int], 
                          seqlens.to(device))
 
 
+GROUP_SCALES = (1.0, 8.0, 0.25, 2.0)   # latent groups of very different magnitude: fp8_ds_mla's descales differ
+
+
+@dataclass
+class SparseProblem:
+    q: torch.Tensor             # [b, s_q, h_q, 576] bf16
+    kv: torch.Tensor            # [num_pages, 64, 1, 576] fp32, the unquantized cache (NaN in rows no index names)
+    indices: torch.Tensor       # [b, s_q, topk] int32: cache rows (page * 64 + offset), -1 skipped
+    topk_length: torch.Tensor   # [b] int32 (in [1, topk])
+    attn_sink: torch.Tensor     # [h_q] fp32
+
+    @property
+    def shape(self):
+        return tuple(self.q.shape[:3])
+
+    def quantized(self, kv_format: str) -> dict:
+        """``q, k_cache, descale_k`` for ``kv_format``."""
+        k_cache, descale_k = quantize_kv_cache(self.kv, kv_format)
+        return dict(q=self.q, k_cache=k_cache, descale_k=descale_k)
+
+
+def make_sparse_problem(b: int, s_q: int, h_q: int, topk: int, context: int | None = None, device=None,
+                        group_scales=GROUP_SCALES, skipped: int = 7, seed: int | None = None) -> SparseProblem:
+    """A random sparse (DeepSeek V3.2) decode problem: each batch entry has ``context`` cached tokens (default
+    2 * topk) on shuffled pages, and each of its query tokens attends to ``topk`` of them drawn without
+    repeats (every ``skipped``-th index -1; with context < topk the rest repeats); latent groups scaled by
+    ``group_scales``; rows no index names NaN."""
+    device = torch.device(device or "cpu")
+    g = torch.Generator(device=device)
+    g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
+    context = context or 2 * topk
+    pages = -(-context // PAGE_SIZE)
+    num_pages = b * pages + 2
+    order = torch.randperm(num_pages, generator=g, device=device)[:b * pages].view(b, pages)
+    picks = torch.rand(b, s_q, max(context, topk), generator=g, device=device).argsort(dim=-1)[..., :topk] % context
+    rows = order.gather(1, (picks // PAGE_SIZE).view(b, -1)).view(b, s_q, topk) * PAGE_SIZE + picks % PAGE_SIZE
+    indices = rows.int()
+    if skipped:
+        indices[..., ::skipped] = -1
+    kv = torch.randn(num_pages * PAGE_SIZE, D_QK, generator=g, device=device)
+    for i, f in enumerate(group_scales):
+        kv[:, i * D_LATENT // len(group_scales):(i + 1) * D_LATENT // len(group_scales)] *= f
+    unused = torch.ones(num_pages * PAGE_SIZE, dtype=torch.bool, device=device)
+    unused[indices[indices >= 0].long()] = False
+    kv[unused] = float("nan")
+    q = torch.randn(b, s_q, h_q, D_QK, generator=g, device=device).to(torch.bfloat16)
+    topk_length = torch.randint(1, topk + 1, (b,), generator=g, device=device, dtype=torch.int32)
+    sink = torch.randn(h_q, generator=g, device=device)
+    return SparseProblem(q, kv.view(num_pages, PAGE_SIZE, 1, D_QK), indices, topk_length, sink)
+
+
 def plant_needles(problem: DecodeProblem, score: float = 20.0, softmax_scale: float = D_QK ** -0.5,
                   seed: int = 0) -> list[tuple[int, int, int, int]]:
     """Overwrite one random key of every request so that it scores ``score`` (a softmax logit, after

@@ -50,6 +50,47 @@ def reference_mla_decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: to
     return out, lse
 
 
+def reference_sparse_mla_decode(q: torch.Tensor, k_cache: torch.Tensor, indices: torch.Tensor,
+                                topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+                                head_dim_v: int = D_LATENT, softmax_scale: float | None = None,
+                                kv_format: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode (DeepSeek V3.2) in fp32: ``(out [b, s_q, h_q, 512] fp32, lse [b, h_q, s_q] fp32)``.
+    ``k_cache`` is any format's cache, or its fp32 values ``[num_pages, 64, 1, 576]``.
+
+    Query token ``(i, s)`` attends to the cache rows ``indices[i, s, :topk_length[i]]`` (row = page * 64 +
+    offset; -1 is skipped, a repeated row counts each time); ``attn_sink [h_q]`` scales head h's out by
+    ``exp(lse) / (exp(lse) + exp(attn_sink[h]))`` and leaves lse as it is. A query token that sees no row gets
+    out 0 and lse +inf.
+    """
+    b, s_q, h_q, d = q.shape
+    if softmax_scale is None:
+        softmax_scale = D_QK ** -0.5
+    if k_cache.dtype == torch.float32:   # unquantized values
+        kv = k_cache.reshape(-1, D_QK)
+    else:
+        if kv_format is None and k_cache.dtype == torch.uint8:
+            kv_format = "fp8_ds_mla"
+        kv = dequantize_kv_cache(k_cache, None, kv_format).reshape(-1, D_QK)
+    out = torch.zeros(b, s_q, h_q, head_dim_v, dtype=torch.float32, device=q.device)
+    lse = torch.full((b, h_q, s_q), math.inf, dtype=torch.float32, device=q.device)
+    for i in range(b):
+        n = indices.shape[-1] if topk_length is None else int(topk_length[i])
+        for s in range(s_q):
+            rows = indices[i, s, :n].long()
+            rows = rows[rows != -1]
+            if rows.numel() == 0:
+                continue
+            k = kv[rows]                                            # [n, 576]
+            scores = q[i, s].float() @ k.T * softmax_scale          # [h_q, n]
+            row_lse = torch.logsumexp(scores, dim=-1)
+            o = torch.softmax(scores, dim=-1) @ k[:, :head_dim_v]
+            if attn_sink is not None:
+                o = o * torch.sigmoid(row_lse - attn_sink.float())[:, None]
+            out[i, s] = o
+            lse[i, :, s] = row_lse
+    return out, lse
+
+
 def cal_diff(x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     """FlashMLA's accuracy metrics on float64: cos_diff, RMSE and amax of ``x - y``."""
     x, y = x.double(), y.double()

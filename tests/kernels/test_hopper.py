@@ -8,7 +8,7 @@ import torch
 
 from fp8mla import cal_diff, flash_mla_with_kvcache, get_mla_metadata, reference_mla_decode
 from fp8mla.inputs import make_problem
-from fp8mla import KV_FORMATS
+from fp8mla.kernels import HOPPER_FORMATS
 
 
 @pytest.fixture(scope="module")
@@ -22,11 +22,20 @@ Q_KINDS = ["fp8_rope_bf16", "fp8", "fp8, fp8 q"]   # a cache format, and the q t
 SMALL_VARIANTS = [f"hopper_small{rows}[{kind}]" for rows in (16, 32) for kind in Q_KINDS]
 FP8_VARIANTS = [f"hopper[{kind}]" for kind in Q_KINDS]
 VARIANTS = ["hopper[bf16]"] + FP8_VARIANTS
+SPARSE_VARIANTS = ["hopper_sparse[fp8_rope_bf16]"]
 
 
 def test_sass_variants_cover_the_supported_formats(hopper_sass):
-    assert set(hopper_sass) == set(VARIANTS + SMALL_VARIANTS)
-    assert all(f"hopper[{f}]" in VARIANTS for f in KV_FORMATS)
+    assert set(hopper_sass) == set(VARIANTS + SMALL_VARIANTS + SPARSE_VARIANTS)
+    assert all(f"hopper[{f}]" in VARIANTS for f in HOPPER_FORMATS)
+
+
+@pytest.mark.parametrize("variant", SPARSE_VARIANTS)
+def test_sass_gather_ring_copies_rows(hopper_sass, variant):
+    """The sparse call's kernel: the same FP8 and BF16 wgmmas, its pages by cp.async (LDGSTS) row by row, no TMA."""
+    r = hopper_sass[variant]
+    assert r["QGMMA"] >= 18 and r["HGMMA"] >= 4, r
+    assert r["LDGSTS"] > 0 and r["UTMALDG"] == 0, r
 
 
 @pytest.mark.parametrize("variant", SMALL_VARIANTS)

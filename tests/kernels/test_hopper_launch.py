@@ -67,9 +67,12 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, monkeypatch, kv_format, q_fp8
     p, x, meta, call = launch(kv_format, q_fp8, num_parts=num_parts)
     ((name, grid, args, constexprs, options),) = launches
     assert name == "hopper" and grid == (num_parts, 2)
-    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ABLATE=0)
+    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ABLATE=0, GATHER=False,
+                              HAS_TOPK_LENGTH=False, HAS_SINK=False)
     assert options == dict(key=call.signature, site=None, num_warps=4)
-    assert args[-3:] == (64, 2, 128)   # h_q, s_q and the query rows per request
+    assert args[23:26] == (64, 2, 128)   # h_q, s_q and the query rows per request
+    # the sparse call's: the cache's bytes, Q_GROUP 1 (Triton specializes it away), placeholders never read
+    assert args[26] is x["k_cache"] and args[27] == 1 and args[28] is args[29] is p.cache_seqlens
     lat, rope, scale = args[4:7]
     assert list(lat.block_shape) == [64, 512] and lat.base.dtype == torch.float8_e4m3fn
     if kv_format == "fp8_rope_bf16":  # RoPE bf16 and each token's scale, from the same 656-byte rows
@@ -84,6 +87,39 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, monkeypatch, kv_format, q_fp8
     assert descale_k is (x["descale_k"] if kv_format == "fp8" else p.cache_seqlens)   # placeholder: never read
     # q as it is: an e4m3 q with its scale, a bf16 q quantized by the kernel (no descales: a placeholder)
     assert q is x["q"] and descale_q is (x["descale_q"] if q_fp8 else p.cache_seqlens)
+
+
+@pytest.mark.parametrize("topk_length,sink", [(False, False), (True, True)])
+def test_sparse_call_reaches_the_gather_ring(launches, topk_length, sink):
+    """A sparse call on the fp8_rope_bf16 reading with 64 heads: fp8.py's kernel with GATHER, its requests the query
+    tokens (Q_GROUP s_q of them an entry), its block table the indices, each topk long (pages of 64 indices)."""
+    from fp8mla.checks import check_sparse
+    from fp8mla.inputs import make_sparse_problem
+    from fp8mla.schedule import MLASchedule
+    b, s_q, h_q, topk = 2, 2, 64, 130
+    sp = make_sparse_problem(b, s_q, h_q, topk, seed=0)
+    cache = sp.quantized("fp8_rope_bf16")["k_cache"]
+    lengths, sinks = (sp.topk_length if topk_length else None), (sp.attn_sink if sink else None)
+    call = check_sparse(sp.q, cache, sp.indices, lengths, sinks, 512, MLASchedule(), None, None, False, None, None,
+                        "fp8_rope_bf16", None, None)
+    meta, splits = get_mla_metadata(call.cache_seqlens, h_q, 1)
+    call = call._replace(meta=meta, num_splits=splits)
+    decoder = decoder_for("hopper", "fp8_rope_bf16", h_q, gather=True)
+    assert decoder.name == "hopper_sparse"
+    o_part, lse_part = torch.empty(b * s_q + meta.shape[0], h_q, 512), torch.empty(b * s_q + meta.shape[0], h_q)
+    LAUNCH[decoder.name](call, o_part, lse_part, None)
+    ((name, grid, args, constexprs, options),) = launches
+    assert name == "hopper" and grid == (meta.shape[0], 1)
+    assert constexprs == dict(KV_FORMAT=FORMAT_CODE["fp8_rope_bf16"], Q_FP8=False, CAUSAL=False, ABLATE=0,
+                              GATHER=True, HAS_TOPK_LENGTH=topk_length, HAS_SINK=sink)
+    assert args[7].data_ptr() == sp.indices.data_ptr() and args[8:11] == (topk, 3, cache.shape[0])
+    assert (args[14], args[23:26]) == (b * s_q, (h_q, 1, h_q))   # requests: query tokens, of h_q rows each
+    assert args[26] is cache and args[27] == s_q
+    assert (args[28] is sp.topk_length) == topk_length and (args[29] is sp.attn_sink) == sink
+    with pytest.raises(ValueError, match="no 'hopper' kernel takes a sparse call"):   # 16 heads: portable's
+        decoder_for("hopper", "fp8_rope_bf16", 16, gather=True)
+    with pytest.raises(ValueError, match="no 'hopper' kernel takes a sparse call"):   # four descales: portable's
+        decoder_for("hopper", "fp8_ds_mla", 64, gather=True)
 
 
 @pytest.mark.parametrize("s_q,h_q,rows", [(1, 16, 16), (2, 16, 32), (3, 8, 32), (1, 32, 32)])

@@ -6,7 +6,10 @@
   hopper_small   Gluon sm_90a, the FP8 caches with at most 32 query rows a request (s_q * h_q): the rows on the
                  wgmma's N, so nothing is padded to 64
   hopper         Gluon sm_90a, the FP8 caches, 64 query rows a CTA
-  portable       plain Triton (any GPU with FP8 tensor cores, and the CPU interpreter), every format
+  hopper_sparse  hopper's kernel on the sparse call's gather ring (cp.async of each index's row), read with one
+                 descale a row ("fp8_rope_bf16": fp8mla's writer's caches), at least 33 query rows (h_q)
+  portable       plain Triton (any GPU with FP8 tensor cores, and the CPU interpreter), every format, dense and
+                 sparse (its pages gathered row by row through ``indices``)
 
 The "hopper" backend runs on an sm_90 GPU whose Triton has Gluon's Hopper API (``hopper_unavailable`` says why
 not); ``backend=None`` takes it where it can, and an sm_90 GPU that cannot gets the portable kernels and one
@@ -22,11 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats import D_LATENT, KV_FORMATS
+from ..formats import D_LATENT, KV_FORMATS, PAGE_SIZE
 from ..runtime import capability, device_index, interpreter_active
 
 BACKENDS = ("portable", "hopper")
-FP8_FORMATS = ("fp8", "fp8_rope_bf16")
+FP8_FORMATS = ("fp8", "fp8_rope_bf16")   # the Hopper FP8 kernels'; fp8_ds_mla (a descale per 128 dims) is portable's
+HOPPER_FORMATS = ("bf16", *FP8_FORMATS)   # the formats the hopper backend takes
 SMALL_ROWS = 32   # hopper_small's largest N
 
 
@@ -37,13 +41,15 @@ class Decoder:
     formats: tuple[str, ...]   # cache formats it reads
     min_rows: int              # query rows per request (s_q * h_q) it takes
     max_rows: int | None
+    calls: tuple[str, ...] = ("dense",)   # "dense" (a block table), "sparse" (indices: rows gathered one by one)
 
 
 DECODERS = (
     Decoder("hopper_bf16", "hopper", ("bf16",), 1, None),
     Decoder("hopper_small", "hopper", FP8_FORMATS, 1, SMALL_ROWS),
     Decoder("hopper", "hopper", FP8_FORMATS, SMALL_ROWS + 1, None),
-    Decoder("portable", "portable", KV_FORMATS, 1, None),
+    Decoder("hopper_sparse", "hopper", ("fp8_rope_bf16",), SMALL_ROWS + 1, None, ("sparse",)),
+    Decoder("portable", "portable", KV_FORMATS, 1, None, ("dense", "sparse")),
 )
 
 
@@ -73,10 +79,16 @@ def _warn_portable_on_hopper(reason: str) -> None:
                   f"kernels, because {reason}", RuntimeWarning, stacklevel=4)
 
 
+@functools.lru_cache(maxsize=None)
+def _warn_no_hopper_kernel(what: str) -> None:
+    warnings.warn(f"fp8mla: {what} runs on the portable Triton kernel: no Hopper kernel takes it yet",
+                  RuntimeWarning, stacklevel=4)
+
+
 @functools.lru_cache(maxsize=256)   # asked on every call (what it depends on is fixed in a process)
-def select(backend: str | None, device: torch.device, kv_format: str, rows: int) -> Decoder:
-    """The decoder for a call of ``rows`` query rows per request on a ``kv_format`` cache: ``backend``'s, or with
-    None the fastest that can run on ``device``."""
+def select(backend: str | None, device: torch.device, kv_format: str, rows: int, gather: bool = False) -> Decoder:
+    """The decoder for a call of ``rows`` query rows per request on a ``kv_format`` cache (``gather``: a sparse
+    call): ``backend``'s, or with None the fastest that can run on ``device``."""
     if backend not in (None, *BACKENDS):
         raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
     if backend != "portable":
@@ -87,16 +99,28 @@ def select(backend: str | None, device: torch.device, kv_format: str, rows: int)
             backend = "hopper" if unavailable is None else "portable"
             if unavailable is not None and device.type == "cuda" and capability(device_index(device)) == (9, 0):
                 _warn_portable_on_hopper(unavailable)
-    return decoder_for(backend, kv_format, rows)
+            if backend == "hopper" and _decoder(backend, kv_format, rows, gather) is None:
+                _warn_no_hopper_kernel(f"a {'sparse ' if gather else ''}decode of a {kv_format!r} cache")
+                backend = "portable"
+    return decoder_for(backend, kv_format, rows, gather)
 
 
-def decoder_for(backend: str, kv_format: str, rows: int) -> Decoder:
-    """The first decoder of DECODERS in ``backend`` that takes the call."""
+def _decoder(backend: str, kv_format: str, rows: int, gather: bool) -> Decoder | None:
     for decoder in DECODERS:
         if decoder.backend == backend and kv_format in decoder.formats and decoder.min_rows <= rows \
-                and (decoder.max_rows is None or rows <= decoder.max_rows):
+                and (decoder.max_rows is None or rows <= decoder.max_rows) \
+                and ("sparse" if gather else "dense") in decoder.calls:
             return decoder
-    raise ValueError(f"no {backend!r} kernel takes a {kv_format!r} cache with {rows} query rows")
+    return None
+
+
+def decoder_for(backend: str, kv_format: str, rows: int, gather: bool = False) -> Decoder:
+    """The first decoder of DECODERS in ``backend`` that takes the call."""
+    decoder = _decoder(backend, kv_format, rows, gather)
+    if decoder is None:
+        raise ValueError(f"no {backend!r} kernel takes a {'sparse call on a ' if gather else ''}{kv_format!r} cache "
+                         f"with {rows} query rows")
+    return decoder
 
 
 def partial_dtype(kv_format: str) -> torch.dtype:
@@ -117,18 +141,19 @@ def _plan_decode(call, decoder: Decoder, parts: int):
     """launch_decode for calls of ``call``'s signature and a schedule of ``parts`` parts."""
     launch = lazy("hopper").LAUNCH[decoder.name] if decoder.backend == "hopper" else lazy("portable").launch_portable
     launch_site, scratch = lazy("launcher").launch_site, lazy("launcher").scratch
-    b, s_q, h_q, _ = call.q.shape
+    b, s_q, h_q = call.shape
     # every part adds at most one split beyond the first of each request
     buffers = (((b + parts, call.rows, D_LATENT), partial_dtype(call.kv_format)),
                ((b + parts, call.rows), torch.float32))
-    combine = lazy("combine").plan_combine(b, s_q, h_q, parts, call.block_table.shape[1], call.q.device)
+    max_pages = call.block_table.shape[1] if call.gather is None else -(-call.block_table.shape[1] // PAGE_SIZE)
+    combine = lazy("combine").plan_combine(b, s_q, h_q, parts, max_pages, call.q.device, call.gather)
 
     def decode(call):
         o_part, lse_part = scratch(call.q.device, *buffers)
         site = launch_site()
         launch(call, o_part, lse_part, site)
-        combine(call.out, call.lse, o_part, lse_part, call.meta, call.num_splits, call.cache_seqlens, call.signature,
-                site)
+        combine(call.out, call.lse, o_part, lse_part, call.meta, call.num_splits, call.cache_seqlens,
+                call.gather and call.gather.attn_sink, call.signature, site)
     return decode
 
 

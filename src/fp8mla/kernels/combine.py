@@ -91,29 +91,46 @@ def _schedule_fits(req, seqlen, n_splits, first, meta_ptr, parts, num_splits_ptr
 
 
 @triton.jit
-def _mark_request(out_ptr, lse_ptr, req, R, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
-    """All of request req's out and lse := NaN."""
+def lse_offsets(req, rows, H, S_Q, Q_GROUP):
+    """Where request req's query rows (row = s * H + h) have their lse in lse [b, h_q, s_q]: a dense request is a
+    batch entry (Q_GROUP 1); a sparse call's is one query token, Q_GROUP = s_q of them a batch entry (and S_Q 1)."""
+    R = H * S_Q
+    entry = req // Q_GROUP
+    return entry.to(tl.int64) * (R * Q_GROUP) + (req - entry * Q_GROUP) + ((rows % H) * S_Q + rows // H) * Q_GROUP
+
+
+@triton.jit
+def sink_factor(lse, sink_ptr, h, row_ok):
+    """out's factor exp(lse) / (exp(lse) + exp(sink[h])) for an attention sink; lse natural (+inf for a row that
+    saw no key, whose out is 0 anyway)."""
+    return 1.0 / (1.0 + tl.exp(tl.load(sink_ptr + h, mask=row_ok, other=0.0) - lse))
+
+
+@triton.jit
+def _mark_request(out_ptr, lse_ptr, req, R, Q_GROUP, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """All of request req's out and lse := NaN (its lse rows in any order: a sparse call's strided by Q_GROUP)."""
+    entry = req // Q_GROUP
+    lse_rows = lse_ptr + entry.to(tl.int64) * (R * Q_GROUP) + (req - entry * Q_GROUP)
     for r0 in range(0, R, BLOCK_ROWS):
         rows = r0 + tl.arange(0, BLOCK_ROWS)
         for c0 in tl.static_range(0, D_LATENT, BLOCK_D):
             d = c0 + tl.arange(0, BLOCK_D)
             tl.store(out_ptr + (req.to(tl.int64) * R + rows[:, None]) * D_LATENT + d[None, :],
                      tl.full([BLOCK_ROWS, BLOCK_D], float("nan"), tl.float32).to(tl.bfloat16), mask=rows[:, None] < R)
-        tl.store(lse_ptr + req.to(tl.int64) * R + rows, tl.full([BLOCK_ROWS], float("nan"), tl.float32),
-                 mask=rows < R)
+        tl.store(lse_rows + rows * Q_GROUP, tl.full([BLOCK_ROWS], float("nan"), tl.float32), mask=rows < R)
 
 
 @triton.jit
 def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, meta_ptr, parts, num_splits_ptr, seqlens_ptr,
-                       max_pages, H, S_Q, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                       STEP_SPLITS: tl.constexpr):
+                       max_pages, H, S_Q, Q_GROUP, sink_ptr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                       STEP_SPLITS: tl.constexpr, HAS_SINK: tl.constexpr):
     req = tl.program_id(0)
     R = H * S_Q
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_ok = rows < R
     d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     out_rows = out_ptr + (req.to(tl.int64) * R + rows) * D_LATENT
-    lse_rows = lse_ptr + req.to(tl.int64) * R + (rows % H) * S_Q + rows // H
+    lse_rows = lse_ptr + lse_offsets(req, rows, H, S_Q, Q_GROUP)
     split0 = tl.load(num_splits_ptr + req)
     split_end = tl.load(num_splits_ptr + req + 1)
     n_splits = split_end - split0
@@ -161,12 +178,14 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, meta_ptr, par
         fits = usable & _schedule_fits(req, seqlen, n_splits, first, meta_ptr, parts, num_splits_ptr, max_pages)
     if n_splits == 1:
         if not fits:
-            _mark_request(out_ptr, lse_ptr, req, R, BLOCK_ROWS, BLOCK_D)
+            _mark_request(out_ptr, lse_ptr, req, R, Q_GROUP, BLOCK_ROWS, BLOCK_D)
     else:
         nan |= not fits
         seen = lse_max > float("-inf")
         o = acc * tl.where(nan, float("nan"), tl.where(seen, 1.0 / total, 0.0))[:, None]
         lse = tl.where(nan, float("nan"), tl.where(seen, lse_max + tl.log(total), float("inf")))
+        if HAS_SINK:
+            o = o * sink_factor(lse, sink_ptr, rows % H, row_ok)[:, None]
         tl.store(out_rows[:, None] + d[None, :], o.to(tl.bfloat16), mask=row_ok[:, None])
         tl.store(lse_rows, lse, mask=row_ok & (tl.program_id(2) == 0))
 
@@ -174,15 +193,18 @@ def mla_combine_kernel(out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, meta_ptr, par
 _launch = CachedLauncher(mla_combine_kernel)
 
 
-def plan_combine(b: int, s_q: int, h_q: int, parts: int, max_pages: int, device):
-    """``combine(out, lse, o_part, lse_part, meta, num_splits, cache_seqlens, key=None, site=ASK)`` for b requests of
-    s_q * h_q query rows after a schedule of ``parts`` parts (meta), block tables of ``max_pages`` columns; o_part
-    and lse_part have b + parts rows."""
+def plan_combine(b: int, s_q: int, h_q: int, parts: int, max_pages: int, device, gather=None):
+    """``combine(out, lse, o_part, lse_part, meta, num_splits, cache_seqlens, sink=None, key=None, site=ASK)`` for b
+    requests of s_q * h_q query rows after a schedule of ``parts`` parts (meta), block tables of ``max_pages``
+    columns; o_part and lse_part have b + parts rows. ``gather``: a sparse call's (checks.Gather): b is then its
+    query tokens, s_q 1, and its attention sink (``sink``, a [h_q] fp32 tensor) applies."""
     row_blocks, slices, consts = combine_plan(b, s_q * h_q, parts, runtime.sm_count(device))
-    variant = _launch.variant(consts, num_warps=4)
+    has_sink = gather is not None and gather.attn_sink is not None
+    variant = _launch.variant({**consts, "HAS_SINK": has_sink}, num_warps=4)
     grid = (b, row_blocks, slices)
+    q_group = 1 if gather is None else gather.s_q
 
-    def combine(out, lse, o_part, lse_part, meta, num_splits, cache_seqlens, key=None, site=ASK):
-        variant(grid, (out, lse, o_part, lse_part, meta, parts, num_splits, cache_seqlens, max_pages, h_q, s_q), key,
-                site)
+    def combine(out, lse, o_part, lse_part, meta, num_splits, cache_seqlens, sink=None, key=None, site=ASK):
+        variant(grid, (out, lse, o_part, lse_part, meta, parts, num_splits, cache_seqlens, max_pages, h_q, s_q, q_group,
+                       sink if has_sink else cache_seqlens), key, site)   # (never read without a sink)
     return combine

@@ -14,6 +14,8 @@ LOG2_FP8_MAX = tl.constexpr(math.log2(formats.FP8_MAX))  # P in units of 1 / 448
 ROW_BYTES = tl.constexpr(formats.ROW_BYTES)
 SCALE_OFFSET = tl.constexpr(formats.SCALE_OFFSET)
 ROPE_OFFSET = tl.constexpr(formats.ROPE_OFFSET)
+GROUP = tl.constexpr(formats.GROUP)
+GROUPS = tl.constexpr(formats.GROUPS)
 
 METADATA_WIDTH = tl.constexpr(schedule.METADATA_WIDTH)
 BEGIN_REQ = tl.constexpr(schedule.BEGIN_REQ)
@@ -30,7 +32,8 @@ COMBINE_STEP_PAGES = tl.constexpr(schedule.COMBINE_STEP_PAGES)
 BF16 = tl.constexpr(0)
 FP8 = tl.constexpr(1)
 FP8_ROPE_BF16 = tl.constexpr(2)
-FORMAT_CODE = {"bf16": 0, "fp8": 1, "fp8_rope_bf16": 2}
+FP8_DS_MLA = tl.constexpr(3)
+FORMAT_CODE = {"bf16": 0, "fp8": 1, "fp8_rope_bf16": 2, "fp8_ds_mla": 3}
 
 LOG2E = tl.constexpr(1.4426950408889634)
 LN2 = tl.constexpr(0.6931471805599453)

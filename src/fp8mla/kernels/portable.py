@@ -11,21 +11,30 @@ Arithmetic, per 64-token page:
   online softmax in fp32, base 2
   O += P . V             (FP8 dot; P is multiplied by each token's V scale and by 448 / max scale of the page
                           before the e4m3 cast, so it uses the whole FP8 range; the factor is undone in fp32)
-``bf16`` caches run the same algorithm with BF16 dots and P in BF16.
+``bf16`` caches run the same algorithm with BF16 dots and P in BF16. An ``fp8_ds_mla`` row's four descales (one
+per 128 latent dims) become one per token as the page is loaded: each group is rescaled to the token's largest
+descale and rounded to e4m3 again, exact for power-of-two descales but where a value falls to e4m3's subnormals
+(below 2^-6 of the token's unit, a few thousandths of the group's largest value at a ratio of 32), and the page then
+runs as ``fp8_rope_bf16``'s.
+
+The sparse call (GATHER) is the same walk over a schedule whose requests are query tokens: a "page" is 64 of the
+token's indices, each a cache row (page * 64 + offset), -1 skipped; only the first topk_length indices count.
 
 Bad input never makes a load leave its tensor: pages past the block table's columns are not read, a block-table
-entry outside the cache reads nothing and, like a request whose page count is not what the schedule was planned
-for (hopper/ring.py's planned_for), makes the request's out and lse NaN. A schedule get_mla_metadata did not
-write is clamped as ring.py says.
+entry outside the cache (an index below -1 or past the cache's rows, a topk_length outside [0, topk]) reads
+nothing and, like a request whose page count is not what the schedule was planned for (hopper/ring.py's
+planned_for), makes the request's out and lse NaN. A schedule get_mla_metadata did not write is clamped as
+ring.py says.
 """
 from __future__ import annotations
 
 import triton
 import triton.language as tl
 
+from .combine import lse_offsets, sink_factor
 from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, BF16, D_LATENT, D_QK, D_ROPE, END_PAGE,
-                        END_REQ, END_REQ_PAGES, FORMAT_CODE, FP8, FP8_MAX, FP8_ROPE_BF16, LN2, LOG2E, METADATA_WIDTH,
-                        PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
+                        END_REQ, END_REQ_PAGES, FORMAT_CODE, FP8, FP8_DS_MLA, FP8_MAX, FP8_ROPE_BF16, GROUP, LN2, LOG2E,
+                        METADATA_WIDTH, PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
 from .launcher import CachedLauncher, planned
 
 # Promote FP8 partial sums to fp32 every this many products: Hopper's FP8 MMA accumulates in reduced
@@ -50,20 +59,25 @@ def quantize_rows(x, x_rope, ROPE_FP8: tl.constexpr):
 
 
 @triton.jit
-def _load_page(kv_ptr, page, tok_ok, KV_FORMAT: tl.constexpr):
-    """One page of the cache: (latent [64, 512], rope [64, 64], per-token latent descale [64] (1 if none))."""
-    t = tl.arange(0, PAGE_SIZE)
+def _load_rows(kv_ptr, row, tok_ok, KV_FORMAT: tl.constexpr):
+    """64 cache rows (a page, or a sparse call's gathered tokens): (latent [64, 512], rope [64, 64], per-token
+    latent descale [64] (1 if none))."""
     d = tl.arange(0, D_LATENT)
     r = tl.arange(0, D_ROPE)
-    row = page.to(tl.int64) * PAGE_SIZE + t
-    if KV_FORMAT == FP8_ROPE_BF16:
+    if KV_FORMAT >= FP8_ROPE_BF16:   # a 656-byte row with its descales
         base = kv_ptr + row * ROW_BYTES
         lat = tl.load((base[:, None] + d[None, :]).to(tl.pointer_type(tl.float8e4nv)), mask=tok_ok[:, None],
                       other=0.0)
-        scale = tl.load((base + SCALE_OFFSET).to(tl.pointer_type(tl.float32)), mask=tok_ok, other=0.0)
+        descales = (base + SCALE_OFFSET).to(tl.pointer_type(tl.float32))
         rope = tl.load((base[:, None] + ROPE_OFFSET).to(tl.pointer_type(tl.bfloat16)) + r[None, :],
                        mask=tok_ok[:, None], other=0.0)
-        return lat, rope, scale
+        if KV_FORMAT == FP8_DS_MLA:   # each dim's group descale, rescaled to the token's largest
+            group = tl.load(descales[:, None] + (d // GROUP)[None, :], mask=tok_ok[:, None], other=0.0)
+            unit = tl.max(group, axis=1)   # (0 for a token not read, as the other formats have it)
+            lat = (lat.to(tl.float32) * (group / tl.where(unit > 0, unit, 1.0)[:, None])).to(tl.float8e4nv)
+            return lat, rope, unit
+        else:
+            return lat, rope, tl.load(descales, mask=tok_ok, other=0.0)
     else:
         base = kv_ptr + row * D_QK
         lat = tl.load(base[:, None] + d[None, :], mask=tok_ok[:, None], other=0.0)
@@ -78,8 +92,12 @@ def mla_decode_split_kernel(
         meta_ptr, num_splits_ptr, B, SLOTS,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr,
         descale_q_ptr, descale_k_ptr, sm_scale_log2,
-        H, S_Q,
-        KV_FORMAT: tl.constexpr, Q_FP8: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+        H, S_Q, Q_GROUP, topk_length_ptr, sink_ptr,
+        KV_FORMAT: tl.constexpr, Q_FP8: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+        GATHER: tl.constexpr, HAS_TOPK_LENGTH: tl.constexpr, HAS_SINK: tl.constexpr):
+    """Q_GROUP: requests a batch entry of q, out and lse holds (1; a sparse call's s_q, its requests being query
+    tokens, S_Q 1). GATHER: block_table is a sparse call's indices [requests, topk] (stride_bt its row stride), and
+    seqlens topk each."""
     part = tl.program_id(0)
     R = H * S_Q
     rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -115,7 +133,8 @@ def mla_decode_split_kernel(
             planned = tl.where(req == end_req, end_req_pages, tl.where(req == begin_req, begin_req_pages, pages))
             bad = planned != pages
             # ---- this request's query rows, quantized once ----
-            q_rows = q_ptr + req * stride_qb + s_idx * stride_qs + h_idx * stride_qh
+            entry = req // Q_GROUP
+            q_rows = q_ptr + entry * stride_qb + (req - entry * Q_GROUP + s_idx) * stride_qs + h_idx * stride_qh
             q_lat = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
             q_rope = tl.load(q_rows[:, None] + D_LATENT + r[None, :], mask=row_ok[:, None], other=0.0)
             if Q_FP8:
@@ -126,6 +145,11 @@ def mla_decode_split_kernel(
                 q_lat, q_rope, q_descale = quantize_rows(q_lat, q_rope, KV_FORMAT == FP8)
                 q_scale = q_descale * descale_k
 
+            counted = seqlen   # (GATHER: the indices that count)
+            if HAS_TOPK_LENGTH:
+                length = tl.load(topk_length_ptr + entry)
+                bad |= (length < 0) | (length > seqlen)
+                counted = tl.minimum(tl.maximum(length, 0), seqlen)
             # causal, bottom-right aligned: query token s sees keys [0, seqlen - (S_Q - 1 - s))
             if CAUSAL:
                 key_limit = seqlen - (S_Q - 1 - s_idx)
@@ -137,23 +161,34 @@ def mla_decode_split_kernel(
             v_unit = 1.0  # the V descale the accumulator is currently expressed in (FP8 formats)
 
             for blk in range(lo, hi):
-                page = tl.load(block_table_ptr + req * stride_bt + blk)
-                outside = (page < 0) | (page >= num_pages)
-                bad |= outside
                 tok = blk * PAGE_SIZE + t
-                k_lat, k_rope, k_scale = _load_page(kv_ptr, tl.where(outside, 0, page), (tok < seqlen) & ~outside,
-                                                    KV_FORMAT)
+                if GATHER:   # each token's own row; -1 skipped, anything else outside the cache marks the request
+                    idx = tl.load(block_table_ptr + req * stride_bt + tok, mask=tok < counted, other=-1)
+                    outside = (idx < -1) | (idx >= num_pages.to(tl.int64) * PAGE_SIZE)
+                    bad |= tl.max(outside.to(tl.int32), axis=0) > 0
+                    tok_ok = (idx >= 0) & ~outside
+                    row = tl.where(tok_ok, idx, 0).to(tl.int64)
+                else:
+                    page = tl.load(block_table_ptr + req * stride_bt + blk)
+                    outside = (page < 0) | (page >= num_pages)
+                    bad |= outside
+                    tok_ok = (tok < seqlen) & ~outside
+                    row = tl.where(outside, 0, page).to(tl.int64) * PAGE_SIZE + t
+                k_lat, k_rope, k_scale = _load_rows(kv_ptr, row, tok_ok, KV_FORMAT)
 
                 # ---- scores, in log2 units ----
                 if KV_FORMAT == BF16:
                     s = tl.dot(q_lat, tl.trans(k_lat)) + tl.dot(q_rope, tl.trans(k_rope))
                 else:
                     s = tl.dot(q_lat, tl.trans(k_lat), max_num_imprecise_acc=FP8_PROMOTE_K)
-                    if KV_FORMAT == FP8_ROPE_BF16:
+                    if KV_FORMAT >= FP8_ROPE_BF16:
                         s = s * q_scale[:, None] * k_scale[None, :] + tl.dot(q_rope, tl.trans(k_rope))
                     else:  # e4m3 q and cache throughout: one FP8 product
                         s = (s + tl.dot(q_rope, tl.trans(k_rope))) * q_scale[:, None]
-                visible = tok[None, :] < key_limit[:, None]
+                if GATHER:
+                    visible = tok_ok[None, :] & row_ok[:, None]
+                else:
+                    visible = tok[None, :] < key_limit[:, None]
                 s = tl.where(visible, s * sm_scale_log2, float("-inf"))
 
                 # ---- online softmax (a row that has seen no key yet keeps m = -inf, p = 0) ----
@@ -168,7 +203,7 @@ def mla_decode_split_kernel(
                 if KV_FORMAT == BF16:
                     acc = acc * alpha[:, None] + tl.dot(p.to(tl.bfloat16), k_lat)
                 else:
-                    if KV_FORMAT == FP8_ROPE_BF16:
+                    if KV_FORMAT >= FP8_ROPE_BF16:
                         page_unit = tl.maximum(tl.max(k_scale, axis=0), 1e-30)
                         p8 = (p * (k_scale * (FP8_MAX / page_unit))[None, :]).to(tl.float8e4nv)
                     else:
@@ -189,9 +224,12 @@ def mla_decode_split_kernel(
             split0 = tl.load(num_splits_ptr + req)
             n_splits = tl.load(num_splits_ptr + req + 1) - split0
             if n_splits == 1:
+                if HAS_SINK:
+                    o = o * sink_factor(lse, sink_ptr, h_idx, row_ok)[:, None]
                 out_rows = out_ptr + (req * R + rows) * D_LATENT
                 tl.store(out_rows[:, None] + d[None, :], o.to(tl.bfloat16), mask=row_ok[:, None])
-                tl.store(lse_ptr + req * R + h_idx * S_Q + s_idx, tl.where(bad, float("nan"), lse), mask=row_ok)
+                tl.store(lse_ptr + lse_offsets(req, rows, H, S_Q, Q_GROUP), tl.where(bad, float("nan"), lse),
+                         mask=row_ok)
             else:
                 piece = tl.where(req == begin_req, begin_split, 0)
                 split = split0 + piece
@@ -213,23 +251,29 @@ _launch = CachedLauncher(mla_decode_split_kernel)
 
 
 def _plan_portable(call, parts):
-    b, s_q, h_q, _ = call.q.shape
+    b, s_q, h_q = call.shape
+    gather = call.gather
     block_m = block_m_for(call.rows)
     grid = (parts, -(-call.rows // block_m))   # (triton.cdiv: ~3-5 us a call on the host)
     variant = _launch.variant(dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != call.out.dtype,
-                                   CAUSAL=call.causal, BLOCK_M=block_m),
+                                   CAUSAL=call.causal, BLOCK_M=block_m, GATHER=gather is not None,
+                                   HAS_TOPK_LENGTH=gather is not None and gather.topk_length is not None,
+                                   HAS_SINK=gather is not None and gather.attn_sink is not None),
                               num_warps=8 if block_m == 64 else 4, num_stages=1)
     q_strides = call.q.stride()[:3]
-    table = (call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0])
+    max_pages = call.block_table.shape[1] if gather is None else -(-call.block_table.shape[1] // PAGE_SIZE.value)
+    table = (call.block_table.stride(0), max_pages, call.k_cache.shape[0])
     batch = (b, b + parts)   # requests, split slots
-    sizes = (call.softmax_scale * LOG2E.value, h_q, s_q)
+    sizes = (call.softmax_scale * LOG2E.value, h_q, s_q, 1 if gather is None else gather.s_q)
 
     def launch(call, o_part, lse_part, site):
-        dummy = call.cache_seqlens  # never read: placeholders for absent scales
+        dummy = call.cache_seqlens  # never read: placeholders for absent tensors
+        gather = call.gather or (None, None, None)
         variant(grid, (call.q, *q_strides, call.k_cache, call.block_table, *table, call.cache_seqlens, call.meta,
                        call.num_splits, *batch, call.out, call.lse, o_part, lse_part,
                        dummy if call.descale_q is None else call.descale_q,
-                       dummy if call.descale_k is None else call.descale_k, *sizes), call.signature, site)
+                       dummy if call.descale_k is None else call.descale_k, *sizes,
+                       *(dummy if t is None else t for t in gather[1:])), call.signature, site)
     return launch
 
 

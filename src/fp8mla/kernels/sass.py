@@ -39,7 +39,7 @@ class SassReport:
         return len(re.findall(rf"\b{re.escape(opcode)}[\s.]", self.sass))
 
     def summary(self) -> dict:
-        keys = ("QGMMA", "HGMMA", "HMMA", "UTMALDG", "LDL", "STL", "LDS", "STS", "STG", "STG.E.128", "PRMT", "BAR",
+        keys = ("QGMMA", "HGMMA", "HMMA", "UTMALDG", "LDGSTS", "LDL", "STL", "LDS", "STS", "STG", "STG.E.128", "PRMT", "BAR",
                 "SYNCS")
         return dict(name=self.name, regs=self.n_regs, stack=self.stack, shared=self.shared,
                     wgmma_serialized=self.wgmma_serialized,
@@ -56,7 +56,9 @@ DECODE_TYPES = {"stride_qb": "i32", "stride_qs": "i32", "stride_qh": "i32", "blo
                 "stride_bt": "i32", "max_pages": "i32", "num_pages": "i32", "seqlens_ptr": "*i32", "meta_ptr": "*i32",
                 "num_splits_ptr": "*i32", "B": "i32", "SLOTS": "i32", "out_ptr": "*bf16", "lse_ptr": "*fp32",
                 "o_part_ptr": "*fp32", "lse_part_ptr": "*fp32", "descale_q_ptr": "*fp32", "descale_k_ptr": "*fp32",
-                "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32", "R": "i32"}
+                "sm_scale_log2": "fp32", "H": "i32", "S_Q": "i32", "R": "i32", "topk_length_ptr": "*i32",
+                "sink_ptr": "*fp32"}
+# Q_GROUP (1 but in a sparse call) is a constexpr here, as the launcher specializes a 1
 
 
 def _part_type(kv_format: str) -> str:
@@ -130,19 +132,25 @@ def portable_reports() -> list[SassReport]:
     from .constants import D_LATENT
 
     reports = []
-    kv_types = {"bf16": "*bf16", "fp8": "*fp8e4nv", "fp8_rope_bf16": "*u8"}
+    kv_types = {"bf16": "*bf16", "fp8": "*fp8e4nv", "fp8_rope_bf16": "*u8", "fp8_ds_mla": "*u8"}
+    dense = dict(Q_GROUP=1, GATHER=False, HAS_TOPK_LENGTH=False, HAS_SINK=False)
+    sparse = dict(GATHER=True, HAS_TOPK_LENGTH=True, HAS_SINK=True)
     for fmt, code in portable.FORMAT_CODE.items():
-        sig = decode_signature(portable.mla_decode_split_kernel, q_ptr="*bf16", kv_ptr=kv_types[fmt],
-                               o_part_ptr=_part_type(fmt))
-        k = compile_sm90(portable.mla_decode_split_kernel, sig,
-                         dict(KV_FORMAT=code, Q_FP8=False, CAUSAL=True, BLOCK_M=64), divisible=TYPICAL_DIVISIBLE,
-                         num_warps=8, num_stages=1)
-        reports.append(sass_report(k, f"portable[{fmt}]"))
+        for gather in (False, True) if fmt == "fp8_ds_mla" else (False,):
+            types = dict(q_ptr="*bf16", kv_ptr=kv_types[fmt], o_part_ptr=_part_type(fmt))
+            sig = decode_signature(portable.mla_decode_split_kernel, **types, **({"Q_GROUP": "i32"} if gather else {}))
+            k = compile_sm90(portable.mla_decode_split_kernel, sig,
+                             dict(KV_FORMAT=code, Q_FP8=False, CAUSAL=not gather, BLOCK_M=64,
+                                  **(sparse if gather else dense)),
+                             divisible=TYPICAL_DIVISIBLE, num_warps=8, num_stages=1)
+            reports.append(sass_report(k, f"portable[{fmt}{', sparse' if gather else ''}]"))
     for part_type, name in [("*fp32", "combine"), ("*bf16", "combine[bf16 partials]")]:
         for slices in (1, int(D_LATENT // schedule.MIN_COMBINE_DIMS)):   # the widest and the narrowest tile
             k = compile_sm90(combine.mla_combine_kernel,
-                             decode_signature(combine.mla_combine_kernel, o_part_ptr=part_type, parts="i32"),
-                             schedule.combine_tile(slices, pieces=64), num_warps=4)   # its longest step
+                             decode_signature(combine.mla_combine_kernel, o_part_ptr=part_type, parts="i32",
+                                              sink_ptr="*i32"),
+                             {**schedule.combine_tile(slices, pieces=64), "Q_GROUP": 1, "HAS_SINK": False},
+                             num_warps=4)   # its longest step
             reports.append(sass_report(k, name if slices == 1 else f"{name}[{slices} slices]"))
     return reports
 
@@ -172,10 +180,17 @@ def hopper_reports(ablate: int = 0) -> list[SassReport]:
                                  if fmt == "fp8_rope_bf16" else rope_desc))
         constexprs = dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True)
         kernel = fp8.mla_decode_hopper_kernel
-        k = compile_sm90(kernel, decode_signature(kernel, **types), {**constexprs, "ABLATE": ablate}, gluon=True,
-                         divisible=TYPICAL_DIVISIBLE, num_warps=4)
+        dense = dict(ABLATE=ablate, Q_GROUP=1, GATHER=False, HAS_TOPK_LENGTH=False, HAS_SINK=False)
+        k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", **types), {**constexprs, **dense},
+                         gluon=True, divisible=TYPICAL_DIVISIBLE, num_warps=4)
         q_kind = ", fp8 q" if q_fp8 else ""
         reports.append(sass_report(k, f"hopper[{fmt}{q_kind}]"))
+        if fmt == "fp8_rope_bf16" and not ablate:   # the sparse call's gather ring (hopper_sparse)
+            sparse = dict(ABLATE=0, GATHER=True, HAS_TOPK_LENGTH=True, HAS_SINK=True)
+            k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", Q_GROUP="i32", **types),
+                             {**constexprs, "CAUSAL": False, **sparse}, gluon=True, divisible=TYPICAL_DIVISIBLE,
+                             num_warps=4)
+            reports.append(sass_report(k, f"hopper_sparse[{fmt}]"))
         if small is None:
             continue
         kernel = small.mla_decode_hopper_small_kernel   # the same parameters, and ROWS

@@ -19,8 +19,8 @@ in registers as the Q.K^T wgmma's A operand. The handshakes are handshakes.py's.
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgroup_mma, warpgroup_mma_init,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
+                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from ..constants import FP8, FP8_ROPE_BF16, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
 from .ablations import SKIP_REFILLS, SKIP_RESCALE
@@ -29,7 +29,8 @@ from .handshakes import Handoff, init_barriers
 from .layouts import (BLOCK_M, HALF, LEFT, O_ACC, PV_REGS, RIGHT, ROPE_PV_REGS, S_BF16, S_FP8, SCALE_COLS, STAGES,
                       VEC_SMEM, dim_bit as _d, token_bit as _t)
 from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, quantize_half
-from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, planned_for, request_range
+from .ring import (GATHER_ARRIVALS, Ring, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
+                   open_part, part_start, planned_for, request_range)
 from .softmax import (ROW_LANES, key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page,
                       token_scales)
 from .transpose import transpose_next
@@ -53,11 +54,50 @@ L_LANES = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_t(3)], lane_bases=
 
 
 @gluon.jit
-def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, ring, hand,
-                KV_FORMAT: gl.constexpr, Q_SOURCE: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
+def _q_base(query, req, sparse, GATHER: gl.constexpr):
+    """Where request req's query rows start: batch entry req's; a sparse call's (GATHER) query token req, Q_GROUP
+    (s_q) of them an entry. sparse: (Q_GROUP, topk_length_ptr, sink_ptr)."""
+    q_ptr, stride_qb, stride_qs, _ = query
+    if GATHER:
+        entry = req // sparse[0]
+        return q_ptr + entry * stride_qb + (req - entry * sparse[0]) * stride_qs
+    else:
+        return q_ptr + req * stride_qb
+
+
+@gluon.jit
+def _load_start(part, table, sparse, GATHER: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr):
+    """The load cursor on the part's first page, with what its load needs: the block-table entry, or (GATHER) the
+    page's indices."""
+    if GATHER:
+        return gather_cursor_start(part, table, sparse, HAS_TOPK_LENGTH)
+    else:
+        return load_cursor_start(part, table)
+
+
+@gluon.jit
+def _load(ring, descs, cache, part, table, sparse, load, pos, KV_FORMAT: gl.constexpr, GATHER: gl.constexpr,
+          HAS_TOPK_LENGTH: gl.constexpr):
+    """The load cursor's page into ring position pos (TMA, or the gather ring's cp.async); the cursor one page on."""
+    cursor, page = load
+    if GATHER:
+        ring.gather(cache, page, pos)
+        return gather_cursor_step(part, table, sparse, cursor, HAS_TOPK_LENGTH)
+    else:
+        ring.load(descs, table, page, pos, KV_FORMAT)
+        return load_cursor_step(part, table, cursor)
+
+
+@gluon.jit
+def _softmax_wg(query, shape, sched, table, lse_outs, descs, cache, sparse, scales, q_smem, ring, hand,
+                KV_FORMAT: gl.constexpr, Q_SOURCE: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr,
+                GATHER: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr, HAS_SINK: gl.constexpr):
     """query: (q_ptr, its strides of b, s, h); shape: (h_q, s_q, s_q * h_q); table: (block_table_ptr, its row
     stride, the cache's pages); scales: (descale_q_ptr, descale_k_ptr, softmax_scale * log2 e); q_smem: (q_lat,
-    q_rope, the rows' descales and q_ready where the PV warpgroups quantize q)."""
+    q_rope, the rows' descales and q_ready where the PV warpgroups quantize q). A sparse call (GATHER): table's
+    block table is the indices [requests, topk], cache (the cache's bytes, its rows) what the gather ring reads,
+    and a page's tokens whose index is -1 (or past the request's topk_length), which the ring zero-fills, are
+    masked by their descale 0 (fp8mla's writer gives a row of zeros descale 1: no token it wrote has 0)."""
     q_ptr, stride_qb, stride_qs, stride_qh = query
     H, S_Q, R = shape
     descale_q_ptr, descale_k_ptr, sm_scale_log2 = scales
@@ -71,14 +111,13 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
     part = open_part(sched)
     begin_req = part[3]
     # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries
-    load_cursor, load_page = load_cursor_start(part, table)
+    load = _load_start(part, table, sparse, GATHER, HAS_TOPK_LENGTH)
     loaded = 0
     # a loop with a run-time condition, so it is not unrolled: this once-per-CTA code runs from a cold instruction
     # cache, once per copy
-    while (loaded < STAGES) & load_cursor[2]:
-        ring.load(descs, table, load_page, loaded, KV_FORMAT)
+    while (loaded < STAGES) & load[0][2]:
+        load = _load(ring, descs, cache, part, table, sparse, load, loaded, KV_FORMAT, GATHER, HAS_TOPK_LENGTH)
         loaded += 1
-        load_cursor, load_page = load_cursor_step(part, table, load_cursor)
     it = 0       # pages consumed (ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
     for req in tl.range(begin_req, part[4] + 1, disable_licm=True):  # nothing hoisted: fewer spilled values
@@ -89,13 +128,17 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
                 q_scale = q_descale.load(row_l)
             else:
                 q_scale = gl.convert_layout(
-                    load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, Q_SOURCE), row_l)
+                    load_q((_q_base(query, req, sparse, GATHER), stride_qs, stride_qh, H, R), q_lat, q_rope, Q_SOURCE),
+                    row_l)
             if KV_FORMAT == FP8:  # (q_ready, or Triton's barrier after load_q's cp.async wait: every row is in)
                 q_a = q_lat.load(Q_REGS)
             else:
                 q_a = q_lat
             limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             bad = not planned_for(part, req, seqlen)   # or, below, a page outside the cache
+            if HAS_TOPK_LENGTH:   # (the gather ring counts only the indices within it)
+                length = gl.load(sparse[1] + req // sparse[0])
+                bad |= (length < 0) | (length > seqlen)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_lanes = gl.zeros([BLOCK_M, ROW_LANES], gl.float32, L_LANES)
             v_unit = gl.to_tensor(1.0)  # the V scale O is expressed in (page-local for fp8_rope_bf16)
@@ -107,6 +150,8 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
                 # ---- S = q_lat.k_lat^T * scales + q_rope.k_rope^T for this page ... ----
                 s = it % STAGES
                 ring.wait(it)
+                if GATHER:   # the gather ring's cp.async wrote the page through the generic proxy; wgmma reads async
+                    fence_async_shared()
                 acc = warpgroup_mma(q_a, ring.lat.index(s).permute((1, 0)),
                                     gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8), use_acc=False, is_async=True)
                 if KV_FORMAT == FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled afterwards
@@ -133,30 +178,33 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, scales, q_smem, rin
                                                                 ring.rope.index(s)])[:2]
                     acc = acc * q_scale[:, None] * k_scale[None, :] + gl.convert_layout(acc_rope, S_FP8,
                                                                                         assert_trivial=True)
+                if GATHER:   # a token not gathered (-1, past topk_length) has its descale zero-filled
+                    acc = gl.where((k_scale > 0)[None, :], acc, float("-inf"))
                 bad |= ring.page_outside(it)
                 ring.release(it)
                 prev = (acc, k_scale, k_max)
                 it += 1
-                if load_cursor[2]:  # refill this page's slot once the PV warpgroups have transposed it
+                if load[0][2]:  # refill this page's slot once the PV warpgroups have transposed it
                     if ABLATE & SKIP_REFILLS:
                         ring.fake_load(loaded)
+                        load = load_cursor_step(part, table, load[0])
                     else:
-                        ring.load(descs, table, load_page, loaded, KV_FORMAT)
+                        load = _load(ring, descs, cache, part, table, sparse, load, loaded, KV_FORMAT, GATHER,
+                                     HAS_TOPK_LENGTH)
                     loaded += 1
-                    load_cursor, load_page = load_cursor_step(part, table, load_cursor)
             m_i, l_lanes, v_unit = softmax_page(prev, hi - 1, limits, state, it - 1, sm_scale_log2, hand,
                                                 LOG2_FP8_MAX, L_LANES, KV_FORMAT, ABLATE)
 
             # ---- a request's end: its O scale to the PV warpgroups; lse ----
             l_i = gl.convert_layout(gl.sum(l_lanes, axis=1), row_l, assert_trivial=True)
             softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, bad, shape,
-                             sm_scale_log2, sched, lse_outs, hand, n_req, LOG2_FP8_MAX)
+                             sm_scale_log2, sched, lse_outs, hand, n_req, LOG2_FP8_MAX, sparse, GATHER, HAS_SINK)
             n_req += 1
 
 
 @gluon.jit
-def _pv_wg(query, shape, sched, outs, q_smem, ring, vt, hand, WG: gl.constexpr, Q_SOURCE: gl.constexpr,
-           ABLATE: gl.constexpr):
+def _pv_wg(query, shape, sched, outs, sparse, q_smem, ring, vt, hand, WG: gl.constexpr, Q_SOURCE: gl.constexpr,
+           ABLATE: gl.constexpr, GATHER: gl.constexpr):
     """O[:, 256 WG : 256 (WG + 1)] for every page of the part. The transposes run one page ahead of the P.V wgmma
     (across request boundaries), so a ring slot is released without waiting for the softmax of the page before
     it. A bf16 q (Q_QUANTIZE) is quantized here at each request's start, half the rows each, while the softmax
@@ -176,7 +224,8 @@ def _pv_wg(query, shape, sched, outs, q_smem, ring, vt, hand, WG: gl.constexpr, 
         seqlen, lo, hi = request_range(part, req)
         if lo < hi:
             if Q_SOURCE == Q_QUANTIZE:
-                quantize_half((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope, q_descale, WG)
+                quantize_half((_q_base(query, req, sparse, GATHER), stride_qs, stride_qh, H, R), q_lat, q_rope,
+                              q_descale, WG)
                 mbarrier.arrive(q_ready)
                 if it == 0:   # the part's first page
                     t_cursor = transpose_next(ring, vt, 0, part, t_cursor, WG, ABLATE)
@@ -206,13 +255,18 @@ def mla_decode_hopper_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
         block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr, B, SLOTS,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
-        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr):
+        kv_ptr, Q_GROUP, topk_length_ptr, sink_ptr,
+        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr,
+        GATHER: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr, HAS_SINK: gl.constexpr):
     """R = H * S_Q, the query rows per request, comes as a parameter: computed in the partitions, LLVM made it
-    one value before warp_specialize's branch, which ptxas kept in local memory."""
+    one value before warp_specialize's branch, which ptxas kept in local memory. A sparse call (GATHER): its
+    requests are query tokens, Q_GROUP (s_q) a batch entry, S_Q 1; block_table is its indices, kv_ptr the cache
+    whose rows the gather ring reads; topk_length_ptr and sink_ptr are read where HAS_TOPK_LENGTH / HAS_SINK."""
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
         BLOCK_M, STAGES, rope_desc, KV_FORMAT)
-    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(STAGES)
+    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(
+        STAGES, GATHER_ARRIVALS if GATHER else 1)
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)
@@ -226,12 +280,14 @@ def mla_decode_hopper_kernel(
         q_ready = epi_ready
     query = (q_ptr, stride_qb, stride_qs, stride_qh)
     q_smem = (q_lat, q_rope, q_descale, q_ready)
+    sparse = (Q_GROUP, topk_length_ptr, sink_ptr)
     gl.warp_specialize([
         (_softmax_wg, (query, (H, S_Q, R), sched, (block_table_ptr, stride_bt, num_pages),
-                       (lse_ptr, lse_part_ptr), (lat_desc, rope_desc, scale_desc),
-                       (descale_q_ptr, descale_k_ptr, sm_scale_log2), q_smem, ring, hand,
-                       KV_FORMAT, Q_SOURCE, CAUSAL, ABLATE)),
-        (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), q_smem, ring, vt, hand, LEFT, Q_SOURCE, ABLATE)),
-        (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), q_smem, ring, vt, hand, RIGHT, Q_SOURCE,
-                  ABLATE)),
+                       (lse_ptr, lse_part_ptr), (lat_desc, rope_desc, scale_desc), (kv_ptr, num_pages * PAGE_SIZE),
+                       sparse, (descale_q_ptr, descale_k_ptr, sm_scale_log2), q_smem, ring, hand,
+                       KV_FORMAT, Q_SOURCE, CAUSAL, ABLATE, GATHER, HAS_TOPK_LENGTH, HAS_SINK)),
+        (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), sparse, q_smem, ring, vt, hand, LEFT, Q_SOURCE,
+                  ABLATE, GATHER)),
+        (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), sparse, q_smem, ring, vt, hand, RIGHT, Q_SOURCE,
+                  ABLATE, GATHER)),
     ], [4, 4], [ROPE_PV_REGS if KV_FORMAT == FP8_ROPE_BF16 else PV_REGS] * 2)

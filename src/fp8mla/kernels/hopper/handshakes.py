@@ -6,7 +6,9 @@ waiter's phase is (position // buffers) & 1, positions counted across requests (
 P positions for the P buffers, finished requests for the epilogue).
 
   barrier          arrivals                                          waited by
-  ring.ready[s]    TMA byte count of the page in slot s              every warpgroup that reads the page
+  ring.ready[s]    TMA byte count of the page in slot s (gather      every warpgroup that reads the page
+                   ring: 128, the issuing warpgroup's threads as
+                   their cp.async copies land)
   ring.empty[s]    3: softmax WG after the page's Q.K^T, each PV      the TMA issuer, before it refills slot s
                    WG after its transpose (bf16: after its P.V)
   p_ready[b]       1: softmax WG wrote P and alpha into buffer b      both PV WGs
@@ -89,9 +91,10 @@ class Handoff:
 
 
 @gluon.jit
-def init_barriers(RING: gl.constexpr):
+def init_barriers(RING: gl.constexpr, READY_ARRIVALS: gl.constexpr = 1):
     """The FP8 kernels' mbarriers (the table above), initialised: ring ready / empty [RING], p_ready / p_free [2],
-    epi_ready, epi_free; and the ring's bad-page flags [RING, 1]."""
+    epi_ready, epi_free; and the ring's bad-page flags [RING, 1]. READY_ARRIVALS: ring.ready's arrivals (1: the
+    TMA issuer's expect; the gather ring's: the issuing warpgroup's 128 threads, each as its copies land)."""
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     kv_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)
     kv_empty = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)
@@ -100,7 +103,7 @@ def init_barriers(RING: gl.constexpr):
     epi_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     epi_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     for i in gl.static_range(RING):
-        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(kv_ready.index(i), count=READY_ARRIVALS)
         mbarrier.init(kv_empty.index(i), count=3)   # softmax WG after Q.K^T, each PV WG after its transpose
     for i in gl.static_range(2):
         mbarrier.init(p_ready.index(i), count=1)

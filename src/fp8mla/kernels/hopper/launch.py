@@ -55,22 +55,32 @@ def cache_descriptors(k_cache: torch.Tensor, kv_format: str):
     return _descriptors[key]
 
 
-def _fp8_launch(variant, grid, call):
+def _fp8_launch(variant, grid, call, sparse_args=False):
     """``launch(call, o_part, lse_part, site)``: an FP8 kernel's launch (fp8.py's and small.py's parameters are
-    the same; a bf16 q is quantized in the kernel) for calls of ``call``'s signature."""
-    b, s_q, h_q, _ = call.q.shape
+    the same, fp8.py's then its ``sparse_args``: the cache's bytes, Q_GROUP, topk_length, attn_sink; a bf16 q is
+    quantized in the kernel) for calls of ``call``'s signature."""
+    b, s_q, h_q = call.shape
     kv_format = call.kv_format
-    table = (call.block_table.stride(0), call.block_table.shape[1], call.k_cache.shape[0])
+    gather = call.gather
+    pages = call.block_table.shape[1] if gather is None else -(-call.block_table.shape[1] // formats.PAGE_SIZE)
+    table = (call.block_table.stride(0), pages, call.k_cache.shape[0])
     batch = (b, b + grid[0])   # requests, split slots (one a part beyond the first of each request)
     sizes = (call.softmax_scale * LOG2E.value, h_q, s_q, call.rows)
     q_strides = call.q.stride()[:3]
 
+    q_group = 1 if gather is None else gather.s_q
+
     def launch(call, o_part, lse_part, site):
-        dummy = call.cache_seqlens  # never read: placeholders for absent scales
+        dummy = call.cache_seqlens  # never read: placeholders for absent tensors
+        extra = ()
+        if sparse_args:
+            topk_length, sink = (None, None) if call.gather is None else call.gather[1:]
+            extra = (call.k_cache, q_group, dummy if topk_length is None else topk_length,
+                     dummy if sink is None else sink)
         variant(grid, (call.q, *q_strides, *cache_descriptors(call.k_cache, kv_format), call.block_table, *table,
                        call.cache_seqlens, call.meta, call.num_splits, *batch, call.out, call.lse, o_part, lse_part,
                        dummy if call.descale_q is None else call.descale_q,
-                       dummy if call.descale_k is None else call.descale_k, *sizes), call.signature, site)
+                       dummy if call.descale_k is None else call.descale_k, *sizes, *extra), call.signature, site)
     return launch
 
 
@@ -78,10 +88,23 @@ def _fp8_constexprs(call) -> dict:
     return dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != torch.bfloat16, CAUSAL=call.causal)
 
 
+def fp8_kernel_constexprs(call, ablate: int = 0) -> dict:
+    """fp8.py's kernel's constexprs for a call (its pages from the block table, or a sparse call's gathered)."""
+    gather = call.gather
+    return {**_fp8_constexprs(call), "ABLATE": ablate, "GATHER": gather is not None,
+            "HAS_TOPK_LENGTH": gather is not None and gather.topk_length is not None,
+            "HAS_SINK": gather is not None and gather.attn_sink is not None}
+
+
+def fp8_launch(variant, grid, call):
+    """``launch(call, o_part, lse_part, site)`` of fp8.py's kernel (its arguments, then the sparse call's)."""
+    return _fp8_launch(variant, grid, call, sparse_args=True)
+
+
 def _plan_fp8(call, parts, ablate):
     """fp8.py's kernel: 64 query rows a CTA."""
-    variant = _launch_fp8.variant({**_fp8_constexprs(call), "ABLATE": ablate}, num_warps=4)
-    return _fp8_launch(variant, (parts, -(-call.rows // BLOCK_M.value)), call)
+    variant = _launch_fp8.variant(fp8_kernel_constexprs(call, ablate), num_warps=4)
+    return fp8_launch(variant, (parts, -(-call.rows // BLOCK_M.value)), call)
 
 
 def _plan_small(call, parts):
@@ -120,4 +143,4 @@ def launch_bf16(call, o_part, lse_part, site):
     planned(_plan_bf16, call, call.meta.shape[0], ABLATE)(call, o_part, lse_part, site)
 
 
-LAUNCH = {"hopper": launch_fp8, "hopper_small": launch_small, "hopper_bf16": launch_bf16}
+LAUNCH = {"hopper": launch_fp8, "hopper_sparse": launch_fp8, "hopper_small": launch_small, "hopper_bf16": launch_bf16}

@@ -24,11 +24,13 @@ it does not fit NaN.
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, END_PAGE, END_REQ, END_REQ_PAGES,
-                         FP8_ROPE_BF16, PAGE_SIZE)
-from ..triton_compat import aggregate, tma_load
+from ..constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, D_LATENT, END_PAGE, END_REQ, END_REQ_PAGES,
+                         FP8_ROPE_BF16, PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
+from ..triton_compat import aggregate, cp_async_load, reinterpret, tma_load
+from .layouts import LAT_SMEM
 
 
 @gluon.jit
@@ -136,6 +138,54 @@ def load_cursor_step(part, table, cursor):
     return cursor, _page_of(table, cursor)
 
 
+# ---- the gather ring (a sparse call): a page is 64 of a request's indices, each a cache row of its own ----
+# The 16-byte copies of 64 rows: [64, 128] e4m3 (a latent chunk), [64, 64] bf16 (RoPE) and [64, 4] fp32 (the
+# descales: one copy a row, which the 8 lanes across share) take the same threads' rows (4 lanes x 4 warps down),
+# so one index vector serves them all.
+GATHER_ROWS = gl.constexpr(gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]))
+GATHER_SCALE = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
+GATHER_ARRIVALS = gl.constexpr(128)   # ring.ready's arrivals in the gather ring: the issuing warpgroup's threads
+LAT_CHUNK = gl.constexpr(128)   # latent bytes of a row per swizzle block (LAT_SMEM's 128-byte swizzle)
+
+
+@gluon.jit
+def gather_indices(table, sparse, cursor, LAYOUT: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr):
+    """The 64 indices of the page under the cursor, in LAYOUT's rows ([64] int32, -1 where none: past topk, past the
+    request's topk_length, or off a page). table: (indices_ptr, its row stride, the cache's pages); sparse: (Q_GROUP,
+    topk_length_ptr, sink_ptr)."""
+    indices_ptr, stride, _ = table
+    req, blk, ok, seqlen, _ = cursor
+    counted = seqlen
+    if HAS_TOPK_LENGTH:
+        counted = gl.minimum(gl.load(sparse[1] + req // sparse[0], mask=ok, other=0), seqlen)
+    tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, gl.SliceLayout(1, LAYOUT))
+    return gl.load(indices_ptr + req * stride + tok, mask=ok & (tok < counted), other=-1)
+
+
+@gluon.jit
+def gather_cursor_start(part, table, sparse, HAS_TOPK_LENGTH: gl.constexpr):
+    """load_cursor_start for the gather ring: the cursor and its page's indices. The issuer reads each page's
+    indices one load ahead, so that read's latency hides behind a page of work."""
+    cursor = part_start(part)
+    return cursor, gather_indices(table, sparse, cursor, GATHER_ROWS, HAS_TOPK_LENGTH)
+
+
+@gluon.jit
+def gather_cursor_step(part, table, sparse, cursor, HAS_TOPK_LENGTH: gl.constexpr):
+    cursor = advance(part, cursor)
+    return cursor, gather_indices(table, sparse, cursor, GATHER_ROWS, HAS_TOPK_LENGTH)
+
+
+@gluon.jit
+def _gather_rows(dst, row_ptr, ok, col0: gl.constexpr, LAYOUT: gl.constexpr):
+    """cp.async of [64, n] columns col0.. (of dst's dtype, 16 bytes a copy) of the rows at row_ptr (GATHER_ROWS'
+    rows) into dst, in LAYOUT; rows not ok zero-filled."""
+    row_ptr = gl.convert_layout(row_ptr, gl.SliceLayout(1, LAYOUT), assert_trivial=True)
+    ok = gl.convert_layout(ok, gl.SliceLayout(1, LAYOUT), assert_trivial=True)
+    cols = gl.arange(0, dst.shape[1], gl.SliceLayout(0, LAYOUT))
+    cp_async_load(dst, (row_ptr.to(gl.pointer_type(dst.dtype)) + col0)[:, None] + cols[None, :], mask=ok[:, None])
+
+
 FLAG_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))   # [n, 1]: [1] a slot
 
 
@@ -218,6 +268,27 @@ class Ring:
             mbarrier.expect(self.ready.index(s), page_bytes)
         tma_load(lat_desc, [row, 0], self.ready.index(s), self.lat.index(s))
         tma_load(rope_desc, [row, 0], self.ready.index(s), self.rope.index(s))
+
+    @gluon.jit
+    def gather(self, cache, idx, pos):
+        """cp.async the 64 cache rows idx names (gather_indices') into ring position pos's slot, once the page before it there is released; the slot's ready barrier counts
+        the issuing warpgroup's threads' arrivals, each when its copies have landed. A row -1 is zero-filled (V 0,
+        no NaN); one outside the cache too, and it flags the slot (Ring.bad). cache: (the cache's bytes, its rows).
+        The 656-byte formats only."""
+        kv_ptr, cache_rows = cache
+        RING: gl.constexpr = self.lat.shape[0]
+        s = pos % RING
+        mbarrier.wait(self.empty.index(s), ((pos // RING) & 1) ^ 1)
+        outside = (idx < -1) | (idx >= cache_rows)
+        put_flag(self.bad.index(s), gl.max(outside.to(gl.int32), axis=0))   # before the arrival that publishes it
+        ok = (idx >= 0) & (idx < cache_rows)
+        row_ptr = kv_ptr + gl.where(ok, idx, 0).to(gl.int64) * ROW_BYTES
+        chunks = reinterpret(self.lat.index(s), self.lat.dtype, [D_LATENT // LAT_CHUNK, PAGE_SIZE, LAT_CHUNK], LAT_SMEM)
+        for c in gl.static_range(D_LATENT // LAT_CHUNK):
+            _gather_rows(chunks.index(c), row_ptr, ok, c * LAT_CHUNK, GATHER_ROWS)
+        _gather_rows(self.rope.index(s), row_ptr, ok, ROPE_OFFSET // 2, GATHER_ROWS)
+        _gather_rows(self.scale.index(s), row_ptr, ok, SCALE_OFFSET // 4, GATHER_SCALE)
+        async_copy.mbarrier_arrive(self.ready.index(s), increment_count=False)
 
     @gluon.jit
     def fake_load(self, pos):

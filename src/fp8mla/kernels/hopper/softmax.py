@@ -206,22 +206,36 @@ def softmax_page_t(page, blk, limits, state, pt, sm_scale_log2, hand, red, red_s
 # ---- a request's end ----
 @gluon.jit
 def softmax_epilogue(scale, m_i, l_i, rows, req, begin_req, bad, shape, sm_scale_log2, sched, lse_outs, hand, n_req,
-                     P_LOG2: gl.constexpr):
+                     P_LOG2: gl.constexpr, sparse=None, GATHER: gl.constexpr = False, HAS_SINK: gl.constexpr = False):
     """The softmax warpgroup's end of a request: scale / l per row to the PV warpgroups (request n_req's hand-off;
     epilogue.pv_epilogue takes it), and the lse to the output's lse (a request with one split) or to its partial
     slot; both NaN if the request is bad (ring.py). l is in P's units, 2^-P_LOG2. shape: (h_q, s_q, s_q * h_q);
-    lse_outs: (lse_ptr, lse_part_ptr)."""
+    lse_outs: (lse_ptr, lse_part_ptr). A sparse call (GATHER; sparse: (Q_GROUP, topk_length_ptr, sink_ptr)): the
+    request is a query token, its lse strided by Q_GROUP in lse [b, h_q, s_q], and with HAS_SINK a request of one
+    split has its attention sink in the O scale (a split one gets it in the combine)."""
     H, S_Q, R = shape
     lse_ptr, lse_part_ptr = lse_outs
     seen = l_i > 0
+    if HAS_SINK:   # a request of one split: exp(lse) / (exp(lse) + exp(sink)) per row
+        lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i) - P_LOG2) * LN2, float("inf"))
+        sink = gl.load(sparse[2] + rows % H, mask=rows < R, other=0.0)
+        sink_scale = gl.where(split_slot(sched, req, begin_req)[0], 1.0 / (1.0 + gl.exp(sink - lse)), 1.0)
     mbarrier.wait(hand.epi_free, (n_req & 1) ^ 1)
-    hand.norm.store(gl.where(bad, float("nan"), gl.where(seen, scale / l_i, 0.0)))
+    norm = gl.where(seen, scale / l_i, 0.0)
+    if HAS_SINK:
+        norm = norm * sink_scale
+    hand.norm.store(gl.where(bad, float("nan"), norm))
     mbarrier.arrive(hand.epi_ready)
     direct, split, owned = split_slot(sched, req, begin_req)
     lse = gl.where(seen, (m_i * sm_scale_log2 + gl.log2(l_i) - P_LOG2) * LN2, float("inf"))
     row_ok = rows < R
     if direct:
-        gl.store(lse_ptr + req * R + (rows % H) * S_Q + rows // H, gl.where(bad, float("nan"), lse), mask=row_ok)
+        if GATHER:   # (S_Q 1: rows are heads)
+            entry = req // sparse[0]
+            lse_row = lse_ptr + entry * (R * sparse[0]) + (req - entry * sparse[0]) + rows * sparse[0]
+        else:
+            lse_row = lse_ptr + req * R + (rows % H) * S_Q + rows // H
+        gl.store(lse_row, gl.where(bad, float("nan"), lse), mask=row_ok)
     else:
         lse = gl.where(bad, float("nan"), gl.where(seen, lse, float("-inf")))
         gl.store(lse_part_ptr + split.to(gl.int64) * R + rows, lse, mask=row_ok & owned)

@@ -1,0 +1,210 @@
+"""The sparse call (DeepSeek V3.2: each query token attends to the cache rows its indices name) end to end, in the
+interpreter on the CPU and compiled on a GPU, against the fp32 reference over the gathered, unquantized rows."""
+import math
+
+import pytest
+import torch
+
+from fp8mla import (KV_FORMATS, cal_diff, empty_kv_cache, flash_mla_with_kvcache, get_mla_metadata,
+                    quantize_kv_cache, write_kv_cache)
+from fp8mla.formats import PAGE_SIZE
+from fp8mla.inputs import GROUP_SCALES, make_sparse_problem
+from fp8mla.reference import reference_sparse_mla_decode
+
+# a few dozen keys a query token, latent groups x1, x8, x0.25, x2: FP8 errs more than at topk 2048 (per-tensor "fp8"
+# most: its one scale crushes the x0.25 group), and the x8 group's scores run large (lse errs ~0.3 in FP8, 2e-2 in
+# bf16); a cache read with the wrong descales errs > 0.1
+COS_BOUND = {"bf16": 1e-5, "fp8": 6e-3, "fp8_rope_bf16": 4e-3, "fp8_ds_mla": 4e-3}
+LSE_ATOL = {"bf16": 0.05, "fp8": 0.75, "fp8_rope_bf16": 0.75, "fp8_ds_mla": 0.75}
+
+
+def make_sparse(b, s_q, h_q, topk, pages=8, seed=0, device="cpu", **kw):
+    """(q, kv, indices, topk_length, attn_sink) of a small problem: contexts of ``pages`` pages, latent groups
+    scaled x1, x8, x0.25, x2 (so fp8_ds_mla's four descales differ), every 7th index -1, repeats where the
+    context is shorter than topk, NaN in every row no index names."""
+    p = make_sparse_problem(b, s_q, h_q, topk, context=pages * PAGE_SIZE // 2, device=device, seed=seed, **kw)
+    return p.q, p.kv, p.indices, p.topk_length, p.attn_sink
+
+
+def sparse(q, cache, indices, **kw):
+    schedule, _ = get_mla_metadata()
+    return flash_mla_with_kvcache(q, cache, None, None, 512, schedule, None, indices=indices, **kw)
+
+
+def check(out, lse, ref, ref_lse, kv_format):
+    assert not out.isnan().any() and not lse.isnan().any()
+    diff = cal_diff(out.float(), ref)
+    assert diff["cos_diff"] <= COS_BOUND[kv_format], diff
+    empty = torch.isinf(ref_lse)
+    assert torch.equal(torch.isinf(lse), empty) and (lse[empty] > 0).all()
+    assert torch.allclose(lse[~empty], ref_lse[~empty], atol=LSE_ATOL[kv_format], rtol=0)
+    return diff
+
+
+@pytest.mark.parametrize("kv_format", KV_FORMATS)
+@pytest.mark.parametrize("b,s_q,h_q,topk", [(2, 1, 16, 100), (1, 2, 32, 130), (2, 2, 64, 64), (1, 1, 128, 70)])
+def test_matches_reference(kv_format, b, s_q, h_q, topk, device):
+    q, kv, indices, topk_length, sink = make_sparse(b, s_q, h_q, topk, device=device)
+    cache, descale_k = quantize_kv_cache(kv, kv_format)
+    out, lse = sparse(q, cache, indices, topk_length=topk_length, attn_sink=sink, kv_format=kv_format,
+                      descale_k=descale_k)
+    check(out, lse, *reference_sparse_mla_decode(q, kv, indices, topk_length, sink), kv_format)
+
+
+def test_without_topk_length_or_sink(device):
+    q, kv, indices, _, _ = make_sparse(2, 2, 16, 96, device=device, seed=1)
+    cache, _ = quantize_kv_cache(kv, "fp8_ds_mla")
+    out, lse = sparse(q, cache, indices)   # a 656-byte cache: read as fp8_ds_mla
+    check(out, lse, *reference_sparse_mla_decode(q, kv, indices), "fp8_ds_mla")
+
+
+# (on an sm_90 GPU the second runs on the Hopper kernel's gather ring: fp8_rope_bf16, at least 33 heads)
+ON_BOTH = pytest.mark.parametrize("kv_format,h_q", [("fp8_ds_mla", 16), ("fp8_rope_bf16", 64)])
+
+
+@ON_BOTH
+def test_split_requests(kv_format, h_q, device, monkeypatch):
+    """Few query tokens with many indices: the schedule cuts each into pieces, which the combine merges (and its
+    attention sink applies there)."""
+    from fp8mla import runtime
+    monkeypatch.setattr(runtime, "sm_count", lambda device=None: 8)
+    q, kv, indices, topk_length, sink = make_sparse(1, 2, h_q, 400, seed=2, device=device)
+    cache, _ = quantize_kv_cache(kv, kv_format)
+    schedule, _ = get_mla_metadata()
+    out, lse = flash_mla_with_kvcache(q, cache, None, None, 512, schedule, None, indices=indices,
+                                      topk_length=topk_length, attn_sink=sink, kv_format=kv_format)
+    assert int(schedule.num_splits[1] - schedule.num_splits[0]) > 1   # the first query token was split
+    check(out, lse, *reference_sparse_mla_decode(q, kv, indices, topk_length, sink), kv_format)
+
+
+def test_group_descales_read_per_group(device):
+    """A cache whose four descales differ is right only when read per group, and validate says so when it is not;
+    fp8mla's own writer's cache reads bit for bit the same either way."""
+    q, kv, indices, _, _ = make_sparse(1, 1, 16, 64, device=device, seed=3)
+    ref, _ = reference_sparse_mla_decode(q, kv, indices)
+    ds_mla, _ = quantize_kv_cache(kv, "fp8_ds_mla")
+    out, _ = sparse(q, ds_mla, indices, kv_format="fp8_ds_mla")
+    assert cal_diff(out.float(), ref)["cos_diff"] <= COS_BOUND["fp8_ds_mla"]
+    misread, _ = sparse(q, ds_mla, indices, kv_format="fp8_rope_bf16")
+    assert cal_diff(misread.float(), ref)["cos_diff"] > 0.1
+    with pytest.raises(ValueError, match="four descales differ"):
+        sparse(q, ds_mla, indices, kv_format="fp8_rope_bf16", validate=True)
+    own, _ = quantize_kv_cache(kv, "fp8_rope_bf16")
+    a, a_lse = sparse(q, own, indices, kv_format="fp8_rope_bf16", validate=True)
+    b, b_lse = sparse(q, own, indices, kv_format="fp8_ds_mla")
+    assert torch.equal(a, b) and torch.equal(a_lse, b_lse)
+
+
+@pytest.mark.parametrize("kv_format", ["fp8_ds_mla", "fp8_rope_bf16"])
+def test_writer(kv_format, device):
+    """write_kv_cache writes the rows quantize_kv_cache makes (NaN tokens aside: none here)."""
+    kv = torch.randn(2, PAGE_SIZE, 1, 576, device=device)
+    for i, f in enumerate(GROUP_SCALES):
+        kv[..., 128 * i:128 * (i + 1)] *= f
+    cache = empty_kv_cache(2, kv_format, device)
+    flat = kv.view(-1, 576)
+    write_kv_cache(flat[:, :512], flat[:, 512:], cache, torch.arange(128, device=device), kv_format)
+    assert torch.equal(cache, quantize_kv_cache(kv, kv_format)[0])
+
+
+@ON_BOTH
+def test_bad_indices_mark_their_token(kv_format, h_q, device):
+    """An index below -1 or past the cache, or a topk_length outside [0, topk], NaN-marks the query tokens it
+    touches (and is never read); the others come back right; validate=True names the argument."""
+    q, kv, indices, topk_length, _ = make_sparse(3, 2, h_q, 64, device=device, seed=4)
+    cache, _ = quantize_kv_cache(kv, kv_format)
+    ref, _ = reference_sparse_mla_decode(q, kv, indices, topk_length.clamp(0, 64))
+    bad = indices.clone()
+    bad[0, 1, 3] = -2
+    bad[1, 0, 5] = cache.shape[0] * PAGE_SIZE        # one past the last row
+    lengths = topk_length.clone()
+    lengths[2] = 65
+    out, lse = sparse(q, cache, bad, topk_length=lengths, kv_format=kv_format)
+    for i, s in [(0, 1), (1, 0), (2, 0), (2, 1)]:
+        assert out[i, s].isnan().all() and lse[i, :, s].isnan().all(), (i, s)
+    for i, s in [(0, 0), (1, 1)]:
+        assert not out[i, s].isnan().any() and not lse[i, :, s].isnan().any()
+        assert cal_diff(out[i, s].float(), ref[i, s])["cos_diff"] < 1e-2   # (one token: fewer keys, noisier)
+    with pytest.raises(ValueError, match="indices holds -2"):
+        sparse(q, cache, bad, topk_length=topk_length, validate=True, kv_format=kv_format)
+    with pytest.raises(ValueError, match="topk_length holds 65"):
+        sparse(q, cache, indices, topk_length=lengths, validate=True, kv_format=kv_format)
+    lengths[2] = -1
+    out, lse = sparse(q, cache, indices, topk_length=lengths, kv_format=kv_format)
+    assert out[2].isnan().all() and not out[:2].isnan().any()
+
+
+def test_all_skipped(device):
+    """A query token whose indices are all -1 (or whose topk_length is 0) sees nothing: out 0, lse +inf."""
+    q, kv, indices, topk_length, sink = make_sparse(2, 1, 16, 64, device=device, seed=5)
+    cache, _ = quantize_kv_cache(kv, "fp8_ds_mla")
+    indices[0] = -1
+    topk_length[1] = 0
+    out, lse = sparse(q, cache, indices, topk_length=topk_length, attn_sink=sink)
+    assert (out == 0).all() and (lse == math.inf).all()
+
+
+def test_argument_errors(device):
+    q, kv, indices, topk_length, sink = make_sparse(2, 1, 16, 64, device=device)
+    cache, _ = quantize_kv_cache(kv, "fp8_ds_mla")
+    with pytest.raises(ValueError, match="causal"):
+        sparse(q, cache, indices, causal=True)
+    with pytest.raises(ValueError, match="indices must be"):
+        sparse(q, cache, indices[:1])
+    with pytest.raises(ValueError, match="topk_length must be"):
+        sparse(q, cache, indices, topk_length=topk_length[:1])
+    with pytest.raises(TypeError, match="attn_sink"):
+        sparse(q, cache, indices, attn_sink=sink.double())
+    with pytest.raises(ValueError, match="is_fp8_kvcache"):
+        sparse(q, cache, indices, is_fp8_kvcache=False)
+    meta, splits = get_mla_metadata(torch.full((2,), 64, dtype=torch.int32, device=device), 16, 1)
+    with pytest.raises(ValueError, match="get_mla_metadata()"):
+        flash_mla_with_kvcache(q, cache, None, None, 512, meta, splits, indices=indices)
+    with pytest.raises(ValueError, match="sparse call"):
+        flash_mla_with_kvcache(q, cache, None, None, 512, *get_mla_metadata(), attn_sink=sink)
+
+
+def test_flashmla_sparse_metadata_call(device):
+    """FlashMLA's sparse metadata call (num_heads_q, is_fp8_kvcache, topk) gives the schedule the decode plans."""
+    q, kv, indices, _, _ = make_sparse(1, 1, 16, 64, device=device)
+    cache, _ = quantize_kv_cache(kv, "fp8_ds_mla")
+    seqlens = torch.full((1,), 512, dtype=torch.int32, device=device)
+    schedule, splits = get_mla_metadata(seqlens, 16, 1, 16, True, 64)
+    assert splits is None
+    out, _ = flash_mla_with_kvcache(q, cache, None, None, 512, schedule, splits, is_fp8_kvcache=True,
+                                    indices=indices)
+    assert torch.equal(out, sparse(q, cache, indices)[0])
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("b,s_q,h_q,topk", [(3, 1, 64, 2048), (2, 2, 128, 130), (5, 2, 64, 700)])
+def test_hopper_gather_ring(b, s_q, h_q, topk):
+    """The Hopper kernel on the gather ring against the reference, its schedule as planned (few parts a query token
+    at b=2, a part each at b=5)."""
+    device = torch.device("cuda")
+    q, kv, indices, topk_length, sink = make_sparse(b, s_q, h_q, topk, pages=80, device=device)
+    cache, _ = quantize_kv_cache(kv, "fp8_rope_bf16")
+    out, lse = sparse(q, cache, indices, topk_length=topk_length, attn_sink=sink, kv_format="fp8_rope_bf16",
+                      backend="hopper")
+    check(out, lse, *reference_sparse_mla_decode(q, kv, indices, topk_length, sink), "fp8_rope_bf16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format", ["fp8_ds_mla", "fp8_rope_bf16"])
+def test_graph_replay_reads_new_indices(kv_format):
+    """A captured sparse step replays with the indices, topk_length and sink of the step, not the capture's."""
+    device = torch.device("cuda")
+    q, kv, indices, topk_length, sink = make_sparse(4, 2, 64, 256, device=device, pages=16)
+    cache, _ = quantize_kv_cache(kv.nan_to_num(0.0), kv_format)
+    schedule, _ = get_mla_metadata()
+    args = dict(indices=indices, topk_length=topk_length, attn_sink=sink, kv_format=kv_format)
+    flash_mla_with_kvcache(q, cache, None, None, 512, schedule, None, **args)   # plans the schedule before the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = flash_mla_with_kvcache(q, cache, None, None, 512, schedule, None, **args)
+    for seed in (1, 2):
+        new = make_sparse(4, 2, 64, 256, device=device, pages=16, seed=seed)
+        q.copy_(new[0]), indices.copy_(new[2]), topk_length.copy_(new[3]), sink.copy_(new[4])
+        graph.replay()
+        ref, ref_lse = sparse(q, cache, indices, topk_length=topk_length, attn_sink=sink, kv_format=kv_format)
+        assert torch.equal(g_out, ref) and torch.equal(g_lse, ref_lse)
