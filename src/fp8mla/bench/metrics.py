@@ -6,7 +6,9 @@ bytes  = sum(seqlens) * h_kv * cache bytes per token  +  b * s_q * h_q * 576 * q
          + b * s_q * h_q * 512 * 2                              (bf16 out)
 A token of a bf16 cache is 576 * 2 bytes and of an fp8 cache 576 bytes, which is FlashMLA's
 ``(sum(seqlens) * h_kv * 576 + b * s_q * h_q * 576) * bytes_per_elem`` exactly; an ``fp8_rope_bf16`` token is
-counted with its real 656 bytes (fp8 latent, its scale, padding and bf16 RoPE).
+counted with its real 656 bytes (fp8 latent, its scale, padding and bf16 RoPE), as is an ``fp8_ds_mla`` one.
+Sparse decode (FlashMLA's formula too): sum(seqlens) is topk for each batch entry, and every query token reads its
+own topk rows.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import torch
 from ..formats import D_LATENT, D_QK, ROW_BYTES
 from ..reference import cal_diff
 
-CACHE_BYTES_PER_TOKEN = {"bf16": 2 * D_QK, "fp8": D_QK, "fp8_rope_bf16": ROW_BYTES}
+CACHE_BYTES_PER_TOKEN = {"bf16": 2 * D_QK, "fp8": D_QK, "fp8_rope_bf16": ROW_BYTES, "fp8_ds_mla": ROW_BYTES}
 NEEDLE_COS = 0.99  # an output row "is" the needle's V when their cosine similarity is above this
 
 

@@ -41,11 +41,15 @@ class Peer:
     error: str | None = None  # why it is unavailable
 
 
-def load_peers(directory: str, fa3: bool = True, cache_dir: str | None = None) -> list[Peer]:
-    """FlashMLA BF16, FlashMLA dense FP8 and (with ``fa3``) FA3 in MLA mode, from ``directory``."""
-    specs = [("FlashMLA BF16", "bf16", "bf16", False, "_flashmla_C", _flashmla_bf16),
-             ("FlashMLA dense FP8", "fp8", "fp8", True, "_flashmla_extension_C", _flashmla_fp8)]
-    if fa3:
+def load_peers(directory: str, fa3: bool = True, cache_dir: str | None = None, sparse: bool = False) -> list[Peer]:
+    """FlashMLA BF16, FlashMLA dense FP8 and (with ``fa3``) FA3 in MLA mode, from ``directory``; with ``sparse``,
+    FlashMLA's sparse decode instead."""
+    if sparse:
+        specs = [("FlashMLA sparse", "fp8", "fp8_ds_mla", False, "_flashmla_C", _flashmla_sparse)]
+    else:
+        specs = [("FlashMLA BF16", "bf16", "bf16", False, "_flashmla_C", _flashmla_bf16),
+                 ("FlashMLA dense FP8", "fp8", "fp8", True, "_flashmla_extension_C", _flashmla_fp8)]
+    if fa3 and not sparse:
         specs.append(("FA3-MLA BF16", "bf16", "bf16", False, "_vllm_fa3_C", _fa3_mla))
     peers = []
     for name, kind, cache_format, q_fp8, module, make in specs:
@@ -116,6 +120,32 @@ def _flashmla_fp8(ops):
         def call():
             out, lse = op(*args)
             return out, lse
+        return call
+    return prepare
+
+
+SPARSE_MIN_HEADS = 64   # FlashMLA's SM90 sparse kernel is built for 64 and 128 heads; engines pad fewer up to 64
+
+
+def _flashmla_sparse(ops):
+    """FlashMLA's sparse decode as vLLM vendors it: bf16 q, the fp8_ds_mla cache, indices [b, s_q, topk]; fewer
+    than 64 heads padded to 64 (zeros, outside the timed call, as an engine's padded q buffer) and the output's
+    first h_q heads taken."""
+    op = ops.sparse_decode_fwd
+
+    def prepare(problem, causal: bool, softmax_scale: float, inputs: Inputs) -> Call:
+        b, s_q, h_q = problem.shape
+        x = inputs("fp8_ds_mla", False)
+        q = x["q"]
+        if h_q < SPARSE_MIN_HEADS:
+            q = torch.cat([q, q.new_zeros(b, s_q, SPARSE_MIN_HEADS - h_q, q.shape[-1])], dim=2)
+        args = (q, x["k_cache"], problem.indices, None, None)
+        rest = (None, None, None, D_LATENT, softmax_scale)
+        _, _, meta, num_splits = op(*args, None, None, *rest)  # the first call computes the schedule
+
+        def call():
+            out, lse, _, _ = op(*args, meta, num_splits, *rest)
+            return out[:, :, :h_q], lse[:, :h_q]
         return call
     return prepare
 

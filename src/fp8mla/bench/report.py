@@ -53,7 +53,7 @@ def _cell(text: str) -> str:
 
 
 def _metrics_cells(row: dict, suite: str) -> list[str]:
-    if suite == "speed":
+    if suite != "accuracy":   # speed, sparse
         speedup = ", ".join(f"{v:.2f}× {k}" for k, v in row.get("speedup", {}).items())
         cells = [format_speed(row["ms"], row["tflops"], row["gbps"]) if "ms" in row else "",
                  f"{row['eager_ms']:.3f} ms" if "eager_ms" in row else "",
@@ -71,8 +71,9 @@ def _metrics_cells(row: dict, suite: str) -> list[str]:
 
 
 def markdown(rows: list[dict], suite: str, env: dict) -> str:
-    head = ["config" if suite == "speed" else "case", "method"]
-    head += ["CUDA graph (median)", "eager", "host µs/call", "speedup vs peers (graph)"] if suite == "speed" else []
+    timed = suite != "accuracy"   # speed, sparse
+    head = ["config" if timed else "case", "method"]
+    head += ["CUDA graph (median)", "eager", "host µs/call", "speedup vs peers (graph)"] if timed else []
     head += ["cos_diff", "RMSE", "amax", "lse err"] + (["needle rows = its V"] if suite == "accuracy" else [])
     lines = [f"## fp8mla {suite}: {env['device']}", "",
              f"torch {env['torch']}, triton {env['triton']}, {env['date']}; `{env['command']}`", "",

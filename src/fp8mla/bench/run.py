@@ -13,6 +13,11 @@ best round's), since the speed of the H200 machine's host drifts by a third with
 method that fails becomes a row that says why; the bench goes on.
 
 Our ``fp8`` rows take an e4m3 q with a per-tensor scale: exactly the inputs of FlashMLA's dense FP8 kernel.
+
+``--sparse`` benches the sparse call (DeepSeek V3.2: each query token attends to topk cache rows) against
+FlashMLA's sparse kernel: a context of ``mean_sk`` tokens a batch entry, topk of them drawn for each query token,
+latent groups scaled x1, x8, x0.25, x2 (``inputs.make_sparse_problem``), so the ``fp8_ds_mla`` cache's four
+descales differ; the ``fp8_rope_bf16`` rows read the cache fp8mla's own writer makes (one descale a row).
 """
 from __future__ import annotations
 
@@ -28,9 +33,9 @@ import torch
 
 from ..api import flash_mla_with_kvcache, get_mla_metadata, hopper_available
 from ..formats import D_LATENT, D_QK, KV_FORMATS
-from ..inputs import make_problem, make_seqlens, plant_needles
-from ..kernels import BACKENDS
-from ..reference import reference_mla_decode
+from ..inputs import make_problem, make_seqlens, make_sparse_problem, plant_needles
+from ..kernels import BACKENDS, DECODERS
+from ..reference import reference_mla_decode, reference_sparse_mla_decode
 from .metrics import decode_bytes, decode_flops, format_speed, needle_report, output_error, speed
 from .peers import Peer, load_peers
 from .report import describe, write_report
@@ -51,9 +56,12 @@ class Config:
     rope_scale: float = 1.0
     needle: bool = False
     name: str = ""  # the accuracy case it stands for
+    topk: int = 0   # > 0: the sparse call, each query token attending to topk of its entry's mean_sk tokens
 
     @property
     def label(self) -> str:
+        if self.topk:
+            return f"sparse b={self.b} s_q={self.s_q} h_q={self.h_q} topk={self.topk} of {self.mean_sk}"
         words = [f"b={self.b} s_q={self.s_q} h_q={self.h_q} sk={self.mean_sk}"]
         words += ["varlen"] if self.varlen else []
         words += ["causal" if self.causal else "non-causal"]
@@ -73,6 +81,14 @@ def speed_suite(tiny: bool = False) -> list[Config]:
             + [Config(4, 2, 64, 65536), Config(64, 1, 128, 8192), Config(128, 1, 16, 8192)])
 
 
+def sparse_suite(tiny: bool = False, topk: int = 2048) -> list[Config]:
+    """The rows FlashMLA's sparse kernel was measured on for ../shared/ANCHORS.md (topk 2048 of 8192 tokens)."""
+    if tiny:
+        return [Config(2, 1, 16, 256, causal=False, topk=100), Config(1, 2, 64, 256, causal=False, topk=70)]
+    shapes = [(1, 1, 128), (8, 1, 128), (64, 1, 128), (128, 2, 128), (64, 1, 64), (64, 1, 16), (64, 2, 32)]
+    return [Config(b, s_q, h_q, 4 * topk, causal=False, topk=topk) for b, s_q, h_q in shapes]
+
+
 def accuracy_suite(tiny: bool = False) -> list[Config]:
     """randn, RoPE dims ×8, a long context, and a planted needle at a short and at the long context."""
     b, h_q, short, long = (2, 16, 200, 700) if tiny else (32, 64, 8192, 131072)
@@ -89,6 +105,15 @@ class Case:
 
     def __init__(self, config: Config, device: torch.device, seed: int):
         self.config = config
+        self._inputs: dict[tuple[str, bool], dict] = {}
+        self.needles = []
+        if config.topk:
+            p = self.problem = make_sparse_problem(config.b, config.s_q, config.h_q, config.topk, config.mean_sk,
+                                                   device, skipped=0, seed=seed)
+            self.ref_out, self.ref_lse = reference_sparse_mla_decode(p.q, p.kv, p.indices,
+                                                                     softmax_scale=SOFTMAX_SCALE)
+            self.total_seqlen = config.b * config.topk   # FlashMLA's formula: topk for sum(seqlens)
+            return
         seqlens = make_seqlens(config.b, config.mean_sk, config.varlen, generator=torch.Generator().manual_seed(seed))
         self.problem = make_problem(config.b, config.s_q, config.h_q, seqlens, device=device,
                                     rope_scale=config.rope_scale, seed=seed)
@@ -97,13 +122,18 @@ class Case:
         self.ref_out, self.ref_lse = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens,
                                                           softmax_scale=SOFTMAX_SCALE, causal=config.causal)
         self.total_seqlen = int(p.cache_seqlens.sum())
-        self._inputs: dict[tuple[str, bool], dict] = {}
 
     def inputs(self, kv_format: str, q_fp8: bool = False) -> dict:
         key = (kv_format, q_fp8)
         if key not in self._inputs:
-            self._inputs[key] = self.problem.quantized(kv_format, q_fp8)
+            self._inputs[key] = (self.problem.quantized(kv_format) if self.config.topk
+                                 else self.problem.quantized(kv_format, q_fp8))
         return self._inputs[key]
+
+    @property
+    def rows_read(self) -> int:
+        """Cache rows the call reads (sparse: every query token its own topk)."""
+        return self.total_seqlen * (self.config.s_q if self.config.topk else 1)
 
 
 @dataclass
@@ -123,6 +153,12 @@ def our_method(kv_format: str, backend: str) -> Method:
     def prepare(case: Case):
         p, (_, s_q, h_q) = case.problem, case.problem.shape
         x = case.inputs(kv_format, q_fp8)
+        if case.config.topk:   # the sparse call, the schedule planned by its first call
+            call = functools.partial(flash_mla_with_kvcache, x["q"], x["k_cache"], None, None, D_LATENT,
+                                     get_mla_metadata()[0], None, SOFTMAX_SCALE, descale_k=x["descale_k"],
+                                     kv_format=kv_format, indices=p.indices, backend=backend)
+            first = call(validate=True)
+            return functools.partial(call, validate=False), first
         meta, num_splits = get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
         call = functools.partial(flash_mla_with_kvcache, x["q"], x["k_cache"], p.block_table, p.cache_seqlens,
                                  D_LATENT, meta, num_splits, SOFTMAX_SCALE, case.config.causal, x["descale_q"],
@@ -167,7 +203,7 @@ def run_method(method: Method, case: Case, timer: Callable[[Callable], dict] | N
             row.update(timer(call))
             _sync(device)
             flops = decode_flops(s_q, h_q, case.total_seqlen)
-            nbytes = decode_bytes(b, s_q, h_q, case.total_seqlen, method.cache_format, 1 if method.q_fp8 else 2)
+            nbytes = decode_bytes(b, s_q, h_q, case.rows_read, method.cache_format, 1 if method.q_fp8 else 2)
             row.update(speed(row["ms"], flops, nbytes), flops=flops, bytes=nbytes)
     except Exception as e:
         row["error"] = describe(e)
@@ -278,11 +314,23 @@ def cpu_timer(fn: Callable) -> dict:
     return dict(ms=(time.perf_counter() - start) * 1e3)
 
 
-def build_methods(device: torch.device, formats, backends, peers_dir: str | None, fa3: bool) -> list[Method]:
+DENSE_FORMATS = ("bf16", "fp8", "fp8_rope_bf16")   # the dense bench's default (fp8_ds_mla is the sparse cache)
+SPARSE_FORMATS = ("fp8_ds_mla", "fp8_rope_bf16")
+
+
+def takes(backend: str, kv_format: str, sparse: bool) -> bool:
+    """Whether ``backend`` has a kernel for the format's calls (of some row count)."""
+    return any(d.backend == backend and kv_format in d.formats and ("sparse" if sparse else "dense") in d.calls
+               for d in DECODERS)
+
+
+def build_methods(device: torch.device, formats, backends, peers_dir: str | None, fa3: bool,
+                  sparse: bool = False) -> list[Method]:
     usable = [b for b in (backends or BACKENDS) if b != "hopper" or hopper_available(device)]
-    methods = [our_method(f, b) for f in (formats or KV_FORMATS) for b in usable]
+    formats = formats or (SPARSE_FORMATS if sparse else DENSE_FORMATS)
+    methods = [our_method(f, b) for f in formats for b in usable if takes(b, f, sparse)]
     if peers_dir:
-        methods += [peer_method(p) for p in load_peers(peers_dir, fa3=fa3)]
+        methods += [peer_method(p) for p in load_peers(peers_dir, fa3=fa3, sparse=sparse)]
     return methods
 
 
@@ -299,6 +347,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", nargs="+", choices=BACKENDS, help="fp8mla backends (default: all available)")
     parser.add_argument("--peers", metavar="DIR", help="folder with the peer binaries (FlashMLA, FA3)")
     parser.add_argument("--no-fa3", dest="fa3", action="store_false", help="leave FA3 out of the peers")
+    parser.add_argument("--sparse", action="store_true",
+                        help="the sparse call (DeepSeek V3.2) against FlashMLA's sparse kernel: its suite, or the "
+                             "size options' configs with --topk of --mean-sk tokens")
+    parser.add_argument("--topk", type=int, default=2048, help="indices per query token with --sparse")
     parser.add_argument("--accuracy", action="store_true",
                         help="run the accuracy suite (randn, RoPE ×8, 128k tokens, needles) instead of the speed one")
     parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms (eager calls)")
@@ -314,6 +366,11 @@ def configs_from_args(args: argparse.Namespace, tiny: bool) -> list[Config]:
         if any(v is not None for v in single) or args.varlen or args.rope_scale != 1.0:
             raise ValueError("the accuracy suite has fixed configs: drop the size options or --accuracy")
         return accuracy_suite(tiny)
+    if args.sparse:
+        if all(v is None for v in single):
+            return sparse_suite(tiny, args.topk)
+        return [Config(b, args.s_q or 1, args.h_q or 128, args.mean_sk or 4 * args.topk, causal=False, topk=args.topk)
+                for b in (args.b or [64])]
     if all(v is None for v in single) and not args.varlen:
         suite = speed_suite(tiny)
     else:
@@ -334,7 +391,7 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
     def progress(message: str) -> None:
         print(f"[{time.monotonic() - start:6.1f}s] {message}", file=sys.stderr, flush=True)
 
-    methods = build_methods(device, args.format, args.backend, args.peers, args.fa3)
+    methods = build_methods(device, args.format, args.backend, args.peers, args.fa3, args.sparse)
     for m in methods:
         if m.unavailable:
             progress(f"{m.label}: {m.unavailable}")
@@ -344,7 +401,7 @@ def run_bench(args: argparse.Namespace, command: str) -> int:
         timer = gpu_timer(args.warmup, args.rep)
     else:
         timer = cpu_timer
-    suite = "accuracy" if args.accuracy else "speed"
+    suite = "accuracy" if args.accuracy else "sparse" if args.sparse else "speed"
     rows = run_suite(configs, methods, device, timer, args.seed, progress, suite)
     print(write_report(rows, suite, device, command, args.out, progress), end="")
     return 0
