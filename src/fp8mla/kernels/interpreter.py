@@ -8,9 +8,12 @@
 3. fp32 -> bf16 casts truncate where the GPU rounds to nearest even: we convert through torch.
 4. 3.9: ``bool_tensor & (scalar comparison)`` comes out int32 (0 or 1), which loads and stores reject as a mask:
    we read such a mask as bool, as the compiled kernel does.
+5. numpy warns ("divide by zero encountered in log", ...) where the kernels compute inf or NaN on purpose (a row
+   that sees no key: log 0, x / 0; bad data marked NaN), as the GPU does silently: :func:`launch` runs a kernel
+   with numpy's floating-point warnings off, for that launch only (the caller's own numpy code warns as before).
 
-:func:`apply` patches the interpreter's builder once; the library calls it whenever it launches a kernel in
-the interpreter, so CPU results match the GPU's arithmetic.
+:func:`launch` patches the interpreter once (:func:`apply`) and runs a kernel; the library launches every kernel
+in the interpreter through it, so CPU results match the GPU's arithmetic.
 """
 from __future__ import annotations
 
@@ -30,6 +33,13 @@ def _to_float32(data: np.ndarray, dtype) -> np.ndarray:
         raw = torch.from_numpy(np.ascontiguousarray(data)).view(_FP8_TORCH[name])
         return raw.float().numpy()
     return data.astype(np.float32)
+
+
+def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
+    """``kernel[grid](*args, **kwargs)`` in the interpreter, patched, without numpy's floating-point warnings."""
+    apply()
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        kernel[grid](*args, **kwargs)
 
 
 def apply() -> None:
