@@ -1,11 +1,42 @@
-"""fp8mla's fixes to Triton's CPU interpreter (kernels/interpreter.py) that are not about arithmetic: numpy's
-warnings about the infs and NaNs the kernels compute on purpose, kept from the user."""
+"""fp8mla's fixes to Triton's CPU interpreter (kernels/interpreter.py) that are not about arithmetic: reductions with
+a combine function of our own, computed by whole halves, and numpy's warnings about the infs and NaNs the kernels
+compute on purpose, kept from the user."""
 import warnings
 
 import torch
+import triton
+import triton.language as tl
 
 from fp8mla import flash_mla_with_kvcache, get_mla_metadata
 from fp8mla.inputs import make_problem
+from fp8mla.kernels import interpreter
+
+
+@triton.jit
+def _first_nonzero_and_sum(a, s, b, t):   # associative, and not commutative in its first half
+    return tl.where(a != 0, a, b), s + t
+
+
+@triton.jit
+def _reduce_rows_kernel(x_ptr, out_ptr, N: tl.constexpr):
+    rows = tl.arange(0, 4)
+    x = tl.load(x_ptr + rows[:, None] * N + tl.arange(0, N)[None, :])
+    first, total = tl.reduce((x, x), 1, _first_nonzero_and_sum)
+    tl.store(out_ptr + rows, first)
+    tl.store(out_ptr + 4 + rows, total)
+
+
+def test_reduce_with_our_combine_function_keeps_the_order(device):
+    """(The combine kernel's schedule check reduces four sums at once this way.)"""
+    interpreter.apply()
+    x = torch.randint(-3, 4, (4, 64), dtype=torch.int32, device=device)
+    x[:, :5] = 0
+    x[3] = 0
+    x[2, 63] = 7
+    out = torch.empty(8, dtype=torch.int32, device=device)
+    _reduce_rows_kernel[(1,)](x, out, N=64)
+    first = [next((int(v) for v in row if v != 0), 0) for row in x.cpu()]
+    assert out[:4].tolist() == first and out[4:].tolist() == x.sum(1).tolist()
 
 
 def test_bad_data_makes_no_numpy_warning(device):
