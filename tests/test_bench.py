@@ -97,6 +97,21 @@ def test_cli_default_suites():
         configs_from_args(parse("--accuracy", "--b", "4"), tiny=False)
 
 
+def test_help_states_each_default_once_and_what_no_fa3_does():
+    from fp8mla.__main__ import parser
+
+    commands = parser()._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        formatter = command._get_formatter()
+        for action in command._actions:
+            text = formatter._expand_help(action) if action.help else ""
+            assert "(default: None)" not in text and text.count("default") <= 1, (name, text)
+    bench = " ".join(commands["bench"].format_help().split())
+    assert "--no-fa3 leave FA3-MLA out of the peers (by default --peers loads it" in bench
+    assert "--seed SEED seed of the random inputs (default: 0)" in bench
+    assert "--s-q S_Q query tokens per request (default: 2) --h-q" in bench
+
+
 @pytest.mark.skipif(HAS_GPU, reason="checks the message shown without a GPU")
 def test_bench_without_gpu_points_to_demo(capsys):
     assert main(["bench"]) != 0

@@ -35,12 +35,24 @@ def _progress(start: float):
     return progress
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's help ends in "(default: X)" unless there is nothing to say or the help says it already: not for
+    a default of None (the option is off, or its help says what stands in), a flag (store_true / store_false), or a
+    help that names its default."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if action.default is None or action.nargs == 0 or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def parser() -> argparse.ArgumentParser:
     from .bench import add_arguments as bench_arguments
     from .bench.fetch import add_arguments as fetch_arguments
     from .demo import H_Q, SEQLENS
 
-    formatter = argparse.ArgumentDefaultsHelpFormatter
+    formatter = HelpFormatter
     p = argparse.ArgumentParser(prog="python -m fp8mla", description=__doc__, formatter_class=formatter)
     commands = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     bench_arguments(commands.add_parser(
@@ -58,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
                     "interpreter: about 20 s with the defaults, minutes for thousands of tokens.")
     demo.add_argument("--seqlens", type=int, nargs="+", default=SEQLENS, help="one cache length per request")
     demo.add_argument("--h-q", type=int, default=H_Q, help="query heads")
-    demo.add_argument("--seed", type=int, default=0, help="of the random inputs")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     fetch_arguments(commands.add_parser(
         "fetch-peers", formatter_class=formatter, help="the peer kernels' binaries, for the bench",
         description="Downloads the vllm wheel from the package index with pip and takes FlashMLA's BF16 and dense "
