@@ -320,8 +320,8 @@ def test_bench_allow_cpu_writes_table_json_and_png(tmp_path, capsys):
     assert main(["bench", "--allow-cpu", "--b", "1", "2", "--s-q", "1", "--h-q", "16", "--mean-sk", "70",
                  "--format", "fp8", "bf16", "--peers", str(junk), "--no-fa3", "--out", str(out)]) == 0
     captured = capsys.readouterr()
-    assert "[speed 2/2] b=2 s_q=1 h_q=16 sk=70 causal" in captured.err  # progress on stderr
-    assert "| b=1 s_q=1 h_q=16 sk=70 causal | fp8mla fp8 (portable) |" in captured.out
+    assert "[speed 2/2] b=2 s_q=1 h_q=16 sk=70: " in captured.err  # progress on stderr
+    assert "| b=1 s_q=1 h_q=16 sk=70 | fp8mla fp8 (portable) |" in captured.out   # (s_q=1: no mask to name)
     assert captured.out.count("**failed**: unavailable: cannot load _flashmla_C: FileNotFoundError: no _flashmla_C.abi3.so") == 2
     report = json.loads((out / "speed.json").read_text())
     assert report["environment"]["command"].startswith("python -m fp8mla bench --allow-cpu")

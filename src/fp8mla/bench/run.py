@@ -56,7 +56,7 @@ class Config:
     def label(self) -> str:
         words = [f"b={self.b} s_q={self.s_q} h_q={self.h_q} sk={self.mean_sk}"]
         words += ["varlen"] if self.varlen else []
-        words += ["causal" if self.causal else "non-causal"]
+        words += ["causal" if self.causal else "non-causal"] if self.s_q > 1 else []   # (one token: nothing to mask)
         if self.name:  # the case's name already says what is special about it
             return f"{self.name}: " + " ".join(words)
         words += [f"RoPE ×{self.rope_scale:g}"] if self.rope_scale != 1 else []
