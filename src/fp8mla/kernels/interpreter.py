@@ -10,8 +10,9 @@
    we read such a mask as bool, as the compiled kernel does.
 5. ``tl.reduce`` with a combine function of the kernel's own (the combine's schedule check, four sums at once)
    calls it once per element, in Python: a 256-long reduction took ~0.25 s, most of a small decode's time. We
-   combine neighbours pairwise, whole halves of the axis at a time (log2 n calls), in order, as the GPU's tree
-   does; ``tl.reduce`` asks for an associative combine function, so the result is the same.
+   combine neighbouring pairs, whole halves of the axis at a time (log2 n calls), keeping the elements' order:
+   for an associative combine function (a ``tl.reduce``'s is, and commutative too, as a GPU reduces in an order
+   of its own) the result is the element-by-element fold's.
 6. numpy warns ("divide by zero encountered in log", ...) where the kernels compute inf or NaN on purpose (a row
    that sees no key: log 0, x / 0; bad data marked NaN), as the GPU does silently: :func:`launch` runs a kernel
    with numpy's floating-point warnings off, for that launch only (the caller's own numpy code warns as before).
