@@ -92,8 +92,8 @@ def test_validate_names_the_rows_a_schedule_was_planned_for(device, planned_s_q,
     p = make_problem(2, s_q, 64, [100, 70], device=device, seed=11)
     meta, splits = get_mla_metadata(p.cache_seqlens, planned_s_q * 64, 1)
     assert (meta[:, PLANNED_ROWS] == planned_s_q * 64).all()
-    with pytest.warns(RuntimeWarning, match=rf"planned for {planned_s_q * 64} query rows a request \(s_q={planned_s_q} "
-                                            rf"at h_q=64\), and this call has {s_q * 64} query rows a request \(s_q={s_q}"):
+    planned, called = (f"{n * 64} query rows a request \\(s_q={n} at h_q=64\\)" for n in (planned_s_q, s_q))
+    with pytest.warns(RuntimeWarning, match=f"planned for {planned}, and this call has {called}"):
         out, lse = flash_mla_with_kvcache(p.q, p.kv, p.block_table, p.cache_seqlens, 512, meta, splits, causal=True,
                                           validate=True)
     ref, ref_lse = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens, causal=True)

@@ -67,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
         description="Decodes a small batch with every cache format (bf16, fp8 with a bf16 or an e4m3 q, "
                     "fp8_rope_bf16), for randn inputs and with the RoPE dims x8, and prints each output's error "
                     "against an fp32 reference on the unquantized inputs. Without a GPU it runs in Triton's "
-                    "interpreter: about 20 s with the defaults, minutes for thousands of tokens.")
+                    "interpreter: on a 2-core CPU about 3 s with the defaults, 14 s with --seqlens 8192 8192.")
     demo.add_argument("--seqlens", type=int, nargs="+", default=SEQLENS, help="one cache length per request")
     demo.add_argument("--h-q", type=int, default=H_Q, help="query heads")
     demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
