@@ -46,8 +46,9 @@ def test_reduce_with_our_combine_function_keeps_the_order(device):
 
 def test_bad_data_makes_no_numpy_warning(device):
     """Run as a user runs (no pytest filter: every warning recorded): a page outside the cache, a negative seqlen, a
-    seqlen beyond the block table and an empty request come back NaN, or 0 and +inf, without numpy's "divide by zero
-    encountered in log" from inside Triton's interpreter."""
+    seqlen beyond the block table and an empty request come back NaN, or 0 and +inf, without numpy's RuntimeWarnings
+    ("divide by zero encountered in log") from inside Triton's interpreter. (Triton 3.6's interpreter also makes
+    numpy DeprecationWarnings, which Python shows only where __main__ makes them.)"""
     p = make_problem(3, 2, 16, [200, 130, 64], device=device, seed=1)
     outside = p.block_table.clone()
     outside[1, 1] = 10 ** 6
@@ -62,4 +63,4 @@ def test_bad_data_makes_no_numpy_warning(device):
             meta, splits = get_mla_metadata(seqlens, 32, 1)
             out, lse = flash_mla_with_kvcache(p.q, p.kv, table, seqlens, 512, meta, splits, causal=True)
             assert lse.isnan().any() or lse.isinf().any()
-    assert [str(w.message) for w in caught] == []
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
