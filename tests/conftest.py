@@ -1,5 +1,8 @@
 """Test setup: without a GPU every kernel runs in Triton's interpreter (with fp8mla's fixes for its defects)."""
+import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,24 @@ if not HAS_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def _without_interpreter() -> dict:
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
+# the SASS reports' fixtures and what each compiles (python -m fp8mla.kernels.sass WHICH, in a subprocess: ~40 s
+# and ~20 s of one core without a Triton cache)
+SASS_FIXTURES = {"hopper_sass": "hopper", "portable_sass": "portable"}
+_compiles: dict = {}   # which -> its subprocess, started once
+
+
+def _compile(which: str) -> subprocess.Popen:
+    if which not in _compiles:
+        _compiles[which] = subprocess.Popen([sys.executable, "-m", "fp8mla.kernels.sass", which],
+                                            env=_without_interpreter(), stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, text=True)
+    return _compiles[which]
+
+
 def pytest_collection_modifyitems(config, items):
     skip_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
     skip_hopper = pytest.mark.skip(reason="needs an sm_90 GPU")
@@ -27,11 +48,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_hopper)
 
 
+def pytest_collection_finish(session):
+    """The selected tests (-k, -m applied) that read SASS reports go last, and their kernels compile in the
+    background from now on, on another core than the tests before them."""
+    def fixtures(item):
+        return set(getattr(item, "fixturenames", ())) & set(SASS_FIXTURES)
+
+    session.items.sort(key=lambda item: bool(fixtures(item)))   # (stable: each group keeps its order)
+    for name in set().union(*map(fixtures, session.items)):
+        _compile(SASS_FIXTURES[name])
+
+
+def pytest_sessionfinish(session):
+    for process in _compiles.values():   # (a session cut short leaves none running)
+        if process.poll() is None:
+            process.kill()
+
+
+@pytest.fixture(scope="session")
+def sass_reports():
+    """``sass_reports(which)``: ``python -m fp8mla.kernels.sass which``'s reports by kernel name, from its
+    subprocess (started by pytest_collection_finish, or now)."""
+    def reports(which: str) -> dict:
+        process = _compile(which)
+        out, err = process.communicate(timeout=900)
+        if process.returncode:
+            raise RuntimeError(f"python -m fp8mla.kernels.sass {which} failed:\n{err}")
+        return {r["name"]: r for r in map(json.loads, out.splitlines())}
+    return reports
+
+
 @pytest.fixture(scope="session")
 def env_without_interpreter():
     """The environment for a subprocess that compiles kernels for sm_90a or picks its own mode (fp8mla's
     __main__): this process's (PYTHONPATH included), without the TRITON_INTERPRET set above."""
-    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return _without_interpreter()
 
 
 @pytest.fixture

@@ -1,10 +1,13 @@
 """Every bad input gets a clear error before any launch."""
+import warnings
+
 import pytest
 import torch
 
-from fp8mla import checks, flash_mla_with_kvcache, get_mla_metadata, hopper_available, quantize_kv_cache
+from fp8mla import (cal_diff, checks, flash_mla_with_kvcache, get_mla_metadata, hopper_available, quantize_kv_cache,
+                    reference_mla_decode)
 from fp8mla.inputs import make_problem
-from fp8mla.schedule import END_REQ
+from fp8mla.schedule import END_REQ, PLANNED_ROWS
 
 
 @pytest.fixture
@@ -81,6 +84,25 @@ def test_validate_names_bad_data(call, change, match):
     """The opt-in data check names what is wrong (without it the kernels NaN-mark the requests: test_safety.py)."""
     with pytest.raises(ValueError, match=match):
         call(**change(call.base), validate=True)
+
+
+@pytest.mark.parametrize("planned_s_q,s_q", [(1, 2), (2, 1)])
+def test_validate_names_the_rows_a_schedule_was_planned_for(device, planned_s_q, s_q):
+    """A schedule planned for another s_q (here 64 query rows a request against 128: other parts, one 64-row block
+    against two) decodes right, the kernels reading its pages for all of the call's row blocks; validate=True says
+    which rows it was planned for and which the call has."""
+    p = make_problem(2, s_q, 64, [100, 70], device=device, seed=11)
+    meta, splits = get_mla_metadata(p.cache_seqlens, planned_s_q * 64, 1)
+    assert (meta[:, PLANNED_ROWS] == planned_s_q * 64).all()
+    with warnings.catch_warnings(record=True) as caught:   # (not pytest.warns: it would show the interpreter's
+        warnings.simplefilter("always")                    # DeprecationWarnings under Triton 3.6 again)
+        out, lse = flash_mla_with_kvcache(p.q, p.kv, p.block_table, p.cache_seqlens, 512, meta, splits, causal=True,
+                                          validate=True)
+    planned, called = (f"{n * 64} query rows a request (s_q={n} at h_q=64)" for n in (planned_s_q, s_q))
+    assert [f"planned for {planned}, and this call has {called}" in str(w.message) for w in caught
+            if issubclass(w.category, RuntimeWarning)] == [True]
+    ref, ref_lse = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens, causal=True)
+    assert cal_diff(out.float(), ref)["cos_diff"] < 1e-5 and torch.allclose(lse, ref_lse, atol=1e-3)
 
 
 def test_hopper_backend_where_it_cannot_run(call, device):

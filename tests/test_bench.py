@@ -97,6 +97,21 @@ def test_cli_default_suites():
         configs_from_args(parse("--accuracy", "--b", "4"), tiny=False)
 
 
+def test_help_states_each_default_once_and_what_no_fa3_does():
+    from fp8mla.__main__ import parser
+
+    commands = parser()._subparsers._group_actions[0].choices
+    for name, command in commands.items():
+        formatter = command._get_formatter()
+        for action in command._actions:
+            text = formatter._expand_help(action) if action.help else ""
+            assert "(default: None)" not in text and text.count("default") <= 1, (name, text)
+    bench = " ".join(commands["bench"].format_help().split())
+    assert "--no-fa3 leave FA3-MLA out of the peers (by default --peers loads it" in bench
+    assert "--seed SEED seed of the random inputs (default: 0)" in bench
+    assert "--s-q S_Q query tokens per request (default: 2) --h-q" in bench
+
+
 @pytest.mark.skipif(HAS_GPU, reason="checks the message shown without a GPU")
 def test_bench_without_gpu_points_to_demo(capsys):
     assert main(["bench"]) != 0
@@ -305,8 +320,8 @@ def test_bench_allow_cpu_writes_table_json_and_png(tmp_path, capsys):
     assert main(["bench", "--allow-cpu", "--b", "1", "2", "--s-q", "1", "--h-q", "16", "--mean-sk", "70",
                  "--format", "fp8", "bf16", "--peers", str(junk), "--no-fa3", "--out", str(out)]) == 0
     captured = capsys.readouterr()
-    assert "[speed 2/2] b=2 s_q=1 h_q=16 sk=70 causal" in captured.err  # progress on stderr
-    assert "| b=1 s_q=1 h_q=16 sk=70 causal | fp8mla fp8 (portable) |" in captured.out
+    assert "[speed 2/2] b=2 s_q=1 h_q=16 sk=70: " in captured.err  # progress on stderr
+    assert "| b=1 s_q=1 h_q=16 sk=70 | fp8mla fp8 (portable) |" in captured.out   # (s_q=1: no mask to name)
     assert captured.out.count("**failed**: unavailable: cannot load _flashmla_C: FileNotFoundError: no _flashmla_C.abi3.so") == 2
     report = json.loads((out / "speed.json").read_text())
     assert report["environment"]["command"].startswith("python -m fp8mla bench --allow-cpu")

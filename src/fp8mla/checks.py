@@ -9,13 +9,14 @@ table or a schedule that does not cover a request's pages makes that request's o
 from __future__ import annotations
 
 import itertools
+import warnings
 from typing import NamedTuple
 
 import torch
 
 from .formats import D_LATENT, D_QK, FP8_DTYPE, PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET, infer_kv_format
 from .runtime import interpreter_active
-from .schedule import METADATA_WIDTH, MLASchedule, plan
+from .schedule import METADATA_WIDTH, PLANNED_ROWS, MLASchedule, plan
 
 
 class Gather(NamedTuple):
@@ -350,7 +351,7 @@ def check_metadata_args(cache_seqlens, num_q_tokens_per_head_k, num_heads_k) -> 
 
 def check_indices(call: DecodeCall) -> None:
     """The opt-in data check (host read-backs): seqlens are >= 0 and fit the block table, used pages exist, and
-    the schedule is get_mla_metadata's for these seqlens."""
+    the schedule is get_mla_metadata's for these seqlens (check_schedule)."""
     block_table, cache_seqlens, num_pages = call.block_table, call.cache_seqlens, call.k_cache.shape[0]
     max_pages = block_table.shape[1]
     pages = (cache_seqlens.long() + PAGE_SIZE - 1) // PAGE_SIZE
@@ -367,13 +368,37 @@ def check_indices(call: DecodeCall) -> None:
                          f"(pages of {PAGE_SIZE} tokens)")
     if lo < 0 or hi >= num_pages:
         raise ValueError(f"block_table refers to page {lo if lo < 0 else hi}, outside the cache's {num_pages} pages")
-    if call.kv_format == "fp8_rope_bf16":
-        rows = (referenced[:, :, None].long() * PAGE_SIZE + torch.arange(PAGE_SIZE, device=block_table.device))
-        _check_one_descale(call.k_cache, rows[used])
-    if not isinstance(call.meta, MLASchedule) and not is_schedule_for(call):
+    if call.kv_format == "fp8_rope_bf16" and referenced.dim() == 2:   # the rows of the requests' tokens
+        pos = torch.arange(max_pages * PAGE_SIZE, device=block_table.device)
+        rows = referenced.repeat_interleave(PAGE_SIZE, dim=1) * PAGE_SIZE + pos % PAGE_SIZE
+        _check_one_descale(call.k_cache, rows[pos[None, :] < cache_seqlens.long()[:, None]])
+    if not isinstance(call.meta, MLASchedule):
+        check_schedule(call)
+
+
+def _rows_of(rows: int, h_q: int) -> str:
+    return f"{rows} query rows a request" + (f" (s_q={rows // h_q} at h_q={h_q})" if rows % h_q == 0 else "")
+
+
+def check_schedule(call: DecodeCall) -> None:
+    """Raises unless the call's schedule is get_mla_metadata's for its seqlens (is_schedule_for). A schedule planned
+    for these seqlens and another number of query rows a request (another s_q) passes with a warning naming both:
+    the decode reads a schedule's pages for all of the call's row blocks, so out and lse are right, but the cut was
+    made for the other rows (schedule.py)."""
+    h_q = call.q.shape[2]
+    recorded = call.meta[:, PLANNED_ROWS]
+    lo, hi = torch.stack([recorded.min(), recorded.max()]).tolist() if recorded.numel() else (0, 0)
+    planned = lo if lo == hi and lo >= 1 else None   # (None: not a schedule get_mla_metadata wrote)
+    if planned is not None and planned != call.rows and is_schedule_for(call, planned):
+        warnings.warn(f"fp8mla: tile_scheduler_metadata was planned for {_rows_of(planned, h_q)}, and this call has "
+                      f"{_rows_of(call.rows, h_q)}: out and lse are right, but its pages were cut into parts for the "
+                      "other rows (get_mla_metadata(cache_seqlens, s_q * h_q, 1) plans for this call's)",
+                      RuntimeWarning, stacklevel=4)
+        return
+    if not is_schedule_for(call, call.rows):
         raise ValueError("tile_scheduler_metadata and num_splits are not get_mla_metadata's schedule for these "
-                         "cache_seqlens (planned for other cache_seqlens, or never written): call get_mla_metadata "
-                         "again for this step's seqlens")
+                         f"cache_seqlens and {_rows_of(call.rows, h_q)} (planned for other cache_seqlens, or never "
+                         "written): call get_mla_metadata(cache_seqlens, s_q * h_q, 1) again for this step's seqlens")
 
 
 def _check_one_descale(k_cache, rows) -> None:
@@ -407,12 +432,12 @@ def check_sparse_data(call: DecodeCall) -> None:
         _check_one_descale(call.k_cache, used[used >= 0])
 
 
-def is_schedule_for(call: DecodeCall) -> bool:
-    """Whether the call's schedule is what get_mla_metadata plans for its seqlens and query rows, with the default
-    number of parts or with as many as it has (its reference, schedule.plan; read back). Stricter than the kernels'
-    own check, which looks at each part's first and last requests only."""
+def is_schedule_for(call: DecodeCall, rows: int) -> bool:
+    """Whether the call's schedule is what get_mla_metadata plans for its seqlens and ``rows`` query rows a request,
+    with the default number of parts or with as many as it has (its reference, schedule.plan; read back). Stricter
+    than the kernels' own check, which looks at each part's first and last requests only."""
     for num_parts in (None, call.meta.shape[0]):
-        meta, num_splits = plan(call.cache_seqlens, call.rows, num_parts)
+        meta, num_splits = plan(call.cache_seqlens, rows, num_parts)
         if meta.shape == call.meta.shape and torch.equal(meta, call.meta) and torch.equal(num_splits,
                                                                                            call.num_splits):
             return True

@@ -30,7 +30,11 @@ give those requests other counts marks them NaN (a stale schedule), as the reque
 whatever their length. ``num_splits`` is ``[b + 1]`` int32 prefix sums: request i's partial results live at rows
 ``num_splits[i] .. num_splits[i + 1]`` of the split buffers; a request with a single split writes the output
 directly and needs no combine, one with none (seqlen 0) gets its zeros from the combine. A negative seqlen counts
-as no pages (the decode marks it NaN).
+as no pages (the decode marks it NaN). Every part also records the query rows per request the schedule was planned
+for (``planned_rows``, ``num_q_tokens_per_head_k``), which the decode does not read: the schedule cuts pages, and
+each part's pages are decoded for all of a call's row blocks, so a call of other rows (another s_q) decodes right
+with it, only on a cut made for the other rows' number of parts (SMs / 64-row blocks). ``validate=True`` reads it to
+say so (checks.py).
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ from .formats import D_LATENT, PAGE_SIZE
 from . import runtime
 
 METADATA_WIDTH = 8
-BEGIN_REQ, BEGIN_PAGE, END_REQ, END_PAGE, BEGIN_SPLIT, BEGIN_REQ_PAGES, END_REQ_PAGES = range(7)
+BEGIN_REQ, BEGIN_PAGE, END_REQ, END_PAGE, BEGIN_SPLIT, BEGIN_REQ_PAGES, END_REQ_PAGES, PLANNED_ROWS = range(8)
 FIXED_COST = 2        # a split's overhead, in pages
 COMBINE_ROWS_PER_PAGE = 16  # query rows whose partial results the combine step merges in about a page's time
 COMBINE_STEP_PAGES = 2  # one more step of the combine costs about as much as two pages more per piece
@@ -149,6 +153,7 @@ def plan(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_parts: i
     if b == 0:
         meta = torch.zeros(c.parts, METADATA_WIDTH, dtype=torch.int32, device=device)
         meta[:, END_REQ] = -1
+        meta[:, PLANNED_ROWS] = num_q_tokens_per_head_k
         return meta, torch.zeros(1, dtype=torch.int32, device=device)
 
     pages = (cache_seqlens.to(torch.int64).clamp(min=0) + PAGE_SIZE - 1) // PAGE_SIZE
@@ -156,6 +161,7 @@ def plan(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_parts: i
     if c.align:
         pieces = torch.where((pages == pages[0]).all(), b * _pieces_per_request(pages[0], c.most, c.step), pieces)
     meta, num_splits = _schedule(pages, c.parts, pieces, c.combine)
+    meta[:, PLANNED_ROWS] = num_q_tokens_per_head_k
     return meta.to(torch.int32), num_splits.to(torch.int32)
 
 

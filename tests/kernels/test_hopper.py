@@ -1,8 +1,4 @@
 """The Gluon sm_90a kernel: compiled here (SASS checked), run against the reference on a Hopper GPU."""
-import json
-import subprocess
-import sys
-
 import pytest
 import torch
 
@@ -12,10 +8,8 @@ from fp8mla.kernels import HOPPER_FORMATS
 
 
 @pytest.fixture(scope="module")
-def hopper_sass(env_without_interpreter):
-    out = subprocess.run([sys.executable, "-m", "fp8mla.kernels.sass", "hopper"], env=env_without_interpreter,
-                         check=True, capture_output=True, text=True, timeout=900).stdout
-    return {r["name"]: r for r in map(json.loads, out.splitlines())}
+def hopper_sass(sass_reports):
+    return sass_reports("hopper")   # (compiled in the background: conftest.py)
 
 
 Q_KINDS = ["fp8_rope_bf16", "fp8", "fp8, fp8 q"]   # a cache format, and the q the kernel reads

@@ -1,18 +1,12 @@
 """The kernels compile for sm_90a on a machine with no GPU, to the instructions they are written for."""
-import json
-import subprocess
-import sys
-
 import pytest
 
 from fp8mla.kernels.sass import SassReport, instructions
 
 
 @pytest.fixture(scope="module")
-def portable_sass(env_without_interpreter):
-    out = subprocess.run([sys.executable, "-m", "fp8mla.kernels.sass", "portable"], env=env_without_interpreter,
-                         check=True, capture_output=True, text=True, timeout=600).stdout
-    return {r["name"]: r for r in map(json.loads, out.splitlines())}
+def portable_sass(sass_reports):
+    return sass_reports("portable")   # (compiled in the background: conftest.py)
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "fp8_rope_bf16"])

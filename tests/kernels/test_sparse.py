@@ -208,3 +208,17 @@ def test_graph_replay_reads_new_indices(kv_format):
         graph.replay()
         ref, ref_lse = sparse(q, cache, indices, topk_length=topk_length, attn_sink=sink, kv_format=kv_format)
         assert torch.equal(g_out, ref) and torch.equal(g_lse, ref_lse)
+
+
+def test_dense_validate_reads_the_descales_of_the_requests_tokens(device):
+    """validate=True on a dense call reading fp8_rope_bf16: rows past a request's seqlen (NaN here) are not looked at;
+    a request's token whose four descales differ is named."""
+    from fp8mla.inputs import make_problem
+    p = make_problem(2, 1, 16, [100, 70], device=device, seed=0)
+    cache, _ = quantize_kv_cache(p.kv, "fp8_rope_bf16")
+    meta, splits = get_mla_metadata(p.cache_seqlens, 16, 1)
+    flash_mla_with_kvcache(p.q, cache, p.block_table, p.cache_seqlens, 512, meta, splits, validate=True)
+    row = int(p.block_table[1, 1]) * PAGE_SIZE + 3   # request 1's token 67
+    cache.view(-1, 656)[row, 516:520] = torch.tensor([2.0]).view(torch.uint8).to(device)
+    with pytest.raises(ValueError, match="four descales differ"):
+        flash_mla_with_kvcache(p.q, cache, p.block_table, p.cache_seqlens, 512, meta, splits, validate=True)

@@ -64,7 +64,7 @@ class Config:
             return f"sparse b={self.b} s_q={self.s_q} h_q={self.h_q} topk={self.topk} of {self.mean_sk}"
         words = [f"b={self.b} s_q={self.s_q} h_q={self.h_q} sk={self.mean_sk}"]
         words += ["varlen"] if self.varlen else []
-        words += ["causal" if self.causal else "non-causal"]
+        words += ["causal" if self.causal else "non-causal"] if self.s_q > 1 else []   # (one token: nothing to mask)
         if self.name:  # the case's name already says what is special about it
             return f"{self.name}: " + " ".join(words)
         words += [f"RoPE ×{self.rope_scale:g}"] if self.rope_scale != 1 else []
@@ -337,25 +337,32 @@ def build_methods(device: torch.device, formats, backends, peers_dir: str | None
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     size = parser.add_argument_group("one config (or a batch sweep) instead of the default suite")
     size.add_argument("--b", type=int, nargs="+", metavar="B", help="batch size(s); several make a sweep")
-    size.add_argument("--s-q", type=int, help="query tokens per request (default 2)")
-    size.add_argument("--h-q", type=int, help="query heads (default 64)")
-    size.add_argument("--mean-sk", type=int, help="mean cache length in tokens (default 8192)")
-    size.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None, help="default: causal")
+    size.add_argument("--s-q", type=int, help="query tokens per request (default: 2)")
+    size.add_argument("--h-q", type=int, help="query heads (default: 64)")
+    size.add_argument("--mean-sk", type=int, help="mean cache length in tokens (default: 8192)")
+    size.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
+                      help="mask the keys after each query token, bottom-right aligned (default: causal; with "
+                           "--s-q 1 there is nothing to mask)")
     size.add_argument("--varlen", action="store_true", help="lengths drawn around --mean-sk, as FlashMLA's test")
     parser.add_argument("--rope-scale", type=float, default=1.0, help="multiply q's and the cache's RoPE dims")
-    parser.add_argument("--format", nargs="+", choices=KV_FORMATS, help="cache formats (default: all)")
+    parser.add_argument("--format", nargs="+", choices=KV_FORMATS,
+                        help=f"cache formats (default: {', '.join(DENSE_FORMATS)}; with --sparse "
+                             f"{', '.join(SPARSE_FORMATS)})")
     parser.add_argument("--backend", nargs="+", choices=BACKENDS, help="fp8mla backends (default: all available)")
-    parser.add_argument("--peers", metavar="DIR", help="folder with the peer binaries (FlashMLA, FA3)")
-    parser.add_argument("--no-fa3", dest="fa3", action="store_false", help="leave FA3 out of the peers")
+    parser.add_argument("--peers", metavar="DIR",
+                        help="folder with the peer binaries (fetch-peers writes it; default: no peers, fp8mla alone)")
+    parser.add_argument("--no-fa3", dest="fa3", action="store_false",
+                        help="leave FA3-MLA out of the peers (by default --peers loads it beside FlashMLA's two, and "
+                             "its row says so where DIR has no FA3 binary)")
     parser.add_argument("--sparse", action="store_true",
                         help="the sparse call (DeepSeek V3.2) against FlashMLA's sparse kernel: its suite, or the "
                              "size options' configs with --topk of --mean-sk tokens")
     parser.add_argument("--topk", type=int, default=2048, help="indices per query token with --sparse")
     parser.add_argument("--accuracy", action="store_true",
                         help="run the accuracy suite (randn, RoPE ×8, 128k tokens, needles) instead of the speed one")
-    parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup, ms (eager calls)")
+    parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup of the eager calls, ms")
     parser.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument("--out", default="bench-out", help="folder for the table, JSON and plot")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests: interpreter, tiny sizes
 

@@ -25,6 +25,7 @@ END_PAGE = tl.constexpr(schedule.END_PAGE)
 BEGIN_SPLIT = tl.constexpr(schedule.BEGIN_SPLIT)
 BEGIN_REQ_PAGES = tl.constexpr(schedule.BEGIN_REQ_PAGES)
 END_REQ_PAGES = tl.constexpr(schedule.END_REQ_PAGES)
+PLANNED_ROWS = tl.constexpr(schedule.PLANNED_ROWS)
 FIXED_COST = tl.constexpr(schedule.FIXED_COST)
 COMBINE_STEP_PAGES = tl.constexpr(schedule.COMBINE_STEP_PAGES)
 

@@ -8,9 +8,17 @@
 3. fp32 -> bf16 casts truncate where the GPU rounds to nearest even: we convert through torch.
 4. 3.9: ``bool_tensor & (scalar comparison)`` comes out int32 (0 or 1), which loads and stores reject as a mask:
    we read such a mask as bool, as the compiled kernel does.
+5. ``tl.reduce`` with a combine function of the kernel's own (the combine's schedule check, four sums at once)
+   calls it once per element, in Python: a 256-long reduction took ~0.25 s, most of a small decode's time. We
+   combine neighbouring pairs, whole halves of the axis at a time (log2 n calls), keeping the elements' order:
+   for an associative combine function (a ``tl.reduce``'s is, and commutative too, as a GPU reduces in an order
+   of its own) the result is the element-by-element fold's.
+6. numpy warns ("divide by zero encountered in log", ...) where the kernels compute inf or NaN on purpose (a row
+   that sees no key: log 0, x / 0; bad data marked NaN), as the GPU does silently: :func:`launch` runs a kernel
+   with numpy's floating-point warnings off, for that launch only (the caller's own numpy code warns as before).
 
-:func:`apply` patches the interpreter's builder once; the library calls it whenever it launches a kernel in
-the interpreter, so CPU results match the GPU's arithmetic.
+:func:`launch` patches the interpreter once (:func:`apply`) and runs a kernel; the library launches every kernel
+in the interpreter through it, so CPU results match the GPU's arithmetic.
 """
 from __future__ import annotations
 
@@ -20,6 +28,7 @@ import torch
 _FP8_TORCH = {"fp8e4nv": torch.float8_e4m3fn, "fp8e5": torch.float8_e5m2}
 _FP8_MAX = {"fp8e4nv": 448.0, "fp8e5": 57344.0}
 _applied = False
+_generic_reduce = None   # the interpreter's own, element by element
 
 
 def _to_float32(data: np.ndarray, dtype) -> np.ndarray:
@@ -32,12 +41,52 @@ def _to_float32(data: np.ndarray, dtype) -> np.ndarray:
     return data.astype(np.float32)
 
 
+def launch(kernel, grid, args: tuple, kwargs: dict) -> None:
+    """``kernel[grid](*args, **kwargs)`` in the interpreter, patched, without numpy's floating-point warnings."""
+    apply()
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        kernel[grid](*args, **kwargs)
+
+
+def _pairwise_reduce(self, input):
+    """``ReduceOps.generic_reduce``: the same reduction, by whole neighbouring pairs along the axis (fix 5)."""
+    import triton.language as tl
+
+    original_axis = self.axis
+    input, axis = self.unravel(input, self.axis)
+    dtypes = [arg.dtype for arg in input]
+    data = [arg.handle.data for arg in input]
+    shape = data[0].shape
+    if shape[axis] & (shape[axis] - 1):   # (Triton's shapes are powers of two)
+        return _generic_reduce(self, input)
+    while data[0].shape[axis] > 1:
+        left = [d[(slice(None),) * axis + (slice(0, None, 2),)] for d in data]
+        right = [d[(slice(None),) * axis + (slice(1, None, 2),)] for d in data]
+        ret = self.combine_fn.fn(*(self.to_tensor(x, t) for x, t in zip(left, dtypes)),
+                                 *(self.to_tensor(x, t) for x, t in zip(right, dtypes)))
+        ret = ret if isinstance(ret, tuple) else (ret,)
+        data = [np.broadcast_to(r.handle.data if isinstance(r, tl.core.tensor) else np.asarray(r), x.shape)
+                .astype(x.dtype) for r, x in zip(ret, left)]
+    out = []
+    for d, dtype in zip(data, dtypes):
+        d = np.squeeze(d, axis=axis)
+        if self.keep_dims:
+            d = np.expand_dims(d, axis) if original_axis is not None else d.reshape((1,) * len(shape))
+        elif original_axis is None:
+            d = d.item()
+        out.append(self.to_tensor(d, dtype))
+    return out
+
+
 def apply() -> None:
-    """Patch ``triton.runtime.interpreter.InterpreterBuilder`` (idempotent)."""
-    global _applied
+    """Patch ``triton.runtime.interpreter``'s builder and reductions (idempotent)."""
+    global _applied, _generic_reduce
     if _applied:
         return
     from triton.runtime import interpreter as interp
+
+    _generic_reduce = interp.ReduceOps.generic_reduce
+    interp.ReduceOps.generic_reduce = _pairwise_reduce
 
     builder = interp.InterpreterBuilder
     original_dot = builder.create_dot

@@ -127,8 +127,7 @@ class CachedLauncher:
         if site is None:
             if _interpreting():  # the interpreter compiles nothing (and has defects: interpreter.py)
                 from . import interpreter
-                interpreter.apply()
-                self.fn[grid](*args, **variant.constexprs, **variant.options)
+                interpreter.launch(self.fn, grid, args, {**variant.constexprs, **variant.options})
                 return
             site = (_current_device(), None)   # a launch hook: every launch through Triton, which calls it
         device, stream = site

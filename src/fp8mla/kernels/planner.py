@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..schedule import cut
 from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, COMBINE_STEP_PAGES, END_PAGE, END_REQ,
-                        END_REQ_PAGES, FIXED_COST, METADATA_WIDTH, PAGE_SIZE)
+                        END_REQ_PAGES, FIXED_COST, METADATA_WIDTH, PAGE_SIZE, PLANNED_ROWS)
 from .launcher import ASK, CachedLauncher, planned
 
 BLOCK_B = tl.constexpr(32)   # requests per block of a walk
@@ -90,7 +90,7 @@ def _pieces_per_request(pages, most, step, BLOCK_P: tl.constexpr):
 
 
 @triton.jit
-def plan_kernel(seqlens_ptr, meta_ptr, num_splits_ptr, b, parts, most, step, combine,
+def plan_kernel(seqlens_ptr, meta_ptr, num_splits_ptr, b, parts, most, step, combine, rows,
                 STEPS: tl.constexpr, ALIGN: tl.constexpr, BLOCK_P: tl.constexpr):
     p = tl.arange(0, BLOCK_P)
     p_ok = p < parts
@@ -192,7 +192,7 @@ def plan_kernel(seqlens_ptr, meta_ptr, num_splits_ptr, b, parts, most, step, com
     tl.store(row + BEGIN_SPLIT, tl.where(empty, 0, begin_split), mask=p_ok)
     tl.store(row + BEGIN_REQ_PAGES, tl.where(empty, 0, first_pages), mask=p_ok)
     tl.store(row + END_REQ_PAGES, tl.where(empty, 0, end_pages), mask=p_ok)
-    tl.store(row + END_REQ_PAGES + 1, tl.zeros([BLOCK_P], tl.int32), mask=p_ok)
+    tl.store(row + PLANNED_ROWS, tl.zeros([BLOCK_P], tl.int32) + rows, mask=p_ok)
 
 
 _launch = CachedLauncher(plan_kernel)
@@ -211,7 +211,7 @@ def _plan(call: ScheduleCall):
     c = cut(b, call.rows, call.cache_seqlens.device, call.num_parts)
     variant = _launch.variant(dict(STEPS=c.steps, ALIGN=c.align, BLOCK_P=max(16, 1 << c.parts.bit_length())),
                               num_warps=8)   # (BLOCK_P >= parts + 1)
-    sizes = (b, c.parts, c.most, c.step, c.combine)
+    sizes = (b, c.parts, c.most, c.step, c.combine, call.rows)
 
     def launch(call):
         meta = call.cache_seqlens.new_empty((c.parts, METADATA_WIDTH.value), dtype=torch.int32)
