@@ -90,7 +90,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     below -1 or past the cache, or a topk_length outside [0, topk], makes that query token's out and lse NaN and
     is never read. ``is_fp8_kvcache`` (FlashMLA's flag) is checked against the cache's dtype when given.
     """
-    if is_fp8_kvcache is not None and bool(is_fp8_kvcache) != (k_cache.dtype != torch.bfloat16):
+    if is_fp8_kvcache is not None and isinstance(k_cache, torch.Tensor) \
+            and bool(is_fp8_kvcache) != (k_cache.dtype != torch.bfloat16):
         raise ValueError(f"is_fp8_kvcache={is_fp8_kvcache} but k_cache is {k_cache.dtype}")
     if indices is None:
         if topk_length is not None or attn_sink is not None:

@@ -278,7 +278,8 @@ _topk_seqlens: dict = {}     # (requests, topk, device) -> [requests] int32 of t
 
 def _topk_of(requests: int, topk: int, device) -> torch.Tensor:
     """Each of a sparse call's requests has topk tokens (the schedule's and the combine's seqlens), one tensor per
-    shape kept, so a CUDA graph keeps reading the same memory."""
+    shape kept, so a CUDA graph keeps reading the same memory (made by the shape's first call: let it be an eager
+    one, as for an MLASchedule's planning, since a fill captured in a graph happens only at its replays)."""
     key = (requests, topk, device)
     if key not in _topk_seqlens:
         if len(_topk_seqlens) >= 64:

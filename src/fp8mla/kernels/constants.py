@@ -29,7 +29,7 @@ PLANNED_ROWS = tl.constexpr(schedule.PLANNED_ROWS)
 FIXED_COST = tl.constexpr(schedule.FIXED_COST)
 COMBINE_STEP_PAGES = tl.constexpr(schedule.COMBINE_STEP_PAGES)
 
-# KV_FORMAT codes the kernels specialise on
+# KV_FORMAT codes the kernels specialise on (codes >= FP8_ROPE_BF16: the 656-byte rows that carry their descales)
 BF16 = tl.constexpr(0)
 FP8 = tl.constexpr(1)
 FP8_ROPE_BF16 = tl.constexpr(2)
