@@ -109,7 +109,7 @@ def test_help_states_each_default_once_and_what_no_fa3_does():
     bench = " ".join(commands["bench"].format_help().split())
     assert "--no-fa3 leave FA3-MLA out of the peers (by default --peers loads it" in bench
     assert "--seed SEED seed of the random inputs (default: 0)" in bench
-    assert "--s-q S_Q query tokens per request (default: 2) --h-q" in bench
+    assert "--s-q S_Q query tokens per request (default: 2; 1 with --sparse) --h-q" in bench
 
 
 @pytest.mark.skipif(HAS_GPU, reason="checks the message shown without a GPU")

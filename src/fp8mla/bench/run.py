@@ -337,9 +337,10 @@ def build_methods(device: torch.device, formats, backends, peers_dir: str | None
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     size = parser.add_argument_group("one config (or a batch sweep) instead of the default suite")
     size.add_argument("--b", type=int, nargs="+", metavar="B", help="batch size(s); several make a sweep")
-    size.add_argument("--s-q", type=int, help="query tokens per request (default: 2)")
-    size.add_argument("--h-q", type=int, help="query heads (default: 64)")
-    size.add_argument("--mean-sk", type=int, help="mean cache length in tokens (default: 8192)")
+    size.add_argument("--s-q", type=int, help="query tokens per request (default: 2; 1 with --sparse)")
+    size.add_argument("--h-q", type=int, help="query heads (default: 64; 128 with --sparse)")
+    size.add_argument("--mean-sk", type=int,
+                      help="mean cache length in tokens (default: 8192; with --sparse 4 * topk, a batch entry's)")
     size.add_argument("--causal", action=argparse.BooleanOptionalAction, default=None,
                       help="mask the keys after each query token, bottom-right aligned (default: causal; with "
                            "--s-q 1 there is nothing to mask)")
