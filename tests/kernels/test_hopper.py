@@ -16,7 +16,8 @@ Q_KINDS = ["fp8_rope_bf16", "fp8", "fp8, fp8 q"]   # a cache format, and the q t
 SMALL_VARIANTS = [f"hopper_small{rows}[{kind}]" for rows in (16, 32) for kind in Q_KINDS]
 FP8_VARIANTS = [f"hopper[{kind}]" for kind in Q_KINDS]
 VARIANTS = ["hopper[bf16]"] + FP8_VARIANTS
-SPARSE_VARIANTS = ["hopper_sparse[fp8_rope_bf16]"]
+SPARSE_VARIANTS = ["hopper_sparse[fp8_rope_bf16]", "hopper_small_sparse16[fp8_rope_bf16]",
+                   "hopper_small_sparse32[fp8_rope_bf16]"]
 
 
 def test_sass_variants_cover_the_supported_formats(hopper_sass):

@@ -14,11 +14,13 @@ from fp8mla.kernels.hopper import LAUNCH, bf16, launch as hopper_launch, layouts
 
 
 class RecordingLauncher:
-    """Stands for a kernel's CachedLauncher: records each launch of its variants (constexprs and options fixed)."""
-    def __init__(self, name, calls):
-        self.name, self.calls = name, calls
+    """Stands for a kernel's CachedLauncher: records each launch of its variants (constexprs and options fixed),
+    whose constexprs must be the kernel's last parameters in their order, as CachedLauncher requires."""
+    def __init__(self, name, calls, fn):
+        self.name, self.calls, self.fn = name, calls, fn
 
     def variant(self, constexprs, **options):
+        assert list(constexprs) == self.fn.arg_names[-len(constexprs):], (list(constexprs), self.fn.arg_names)
         return lambda grid, args, key=None, site=None: self.calls.append(
             (self.name, grid, args, constexprs, dict(key=key, site=site, **options)))
 
@@ -27,7 +29,7 @@ class RecordingLauncher:
 def launches(monkeypatch):
     calls = []
     for name, attr in (("hopper", "_launch_fp8"), ("hopper_small", "_launch_small"), ("hopper_bf16", "_launch_bf16")):
-        monkeypatch.setattr(hopper_launch, attr, RecordingLauncher(name, calls))
+        monkeypatch.setattr(hopper_launch, attr, RecordingLauncher(name, calls, getattr(hopper_launch, attr).fn))
     monkeypatch.setattr(launcher, "_plans", {})   # plans made before hold the real launchers
     return calls
 
@@ -89,14 +91,16 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, monkeypatch, kv_format, q_fp8
     assert q is x["q"] and descale_q is (x["descale_q"] if q_fp8 else p.cache_seqlens)
 
 
+@pytest.mark.parametrize("h_q,kernel", [(64, "hopper"), (16, "hopper_small")])
 @pytest.mark.parametrize("topk_length,sink", [(False, False), (True, True)])
-def test_sparse_call_reaches_the_gather_ring(launches, topk_length, sink):
-    """A sparse call on the fp8_rope_bf16 reading with 64 heads: fp8.py's kernel with GATHER, its requests the query
-    tokens (Q_GROUP s_q of them an entry), its block table the indices, each topk long (pages of 64 indices)."""
+def test_sparse_call_reaches_the_gather_ring(launches, topk_length, sink, h_q, kernel):
+    """A sparse call on the fp8_rope_bf16 reading: fp8.py's kernel (64 heads) or small.py's (16) with GATHER, its
+    requests the query tokens (Q_GROUP s_q of them an entry), its block table the indices, each topk long (pages of
+    64 indices)."""
     from fp8mla.checks import check_sparse
     from fp8mla.inputs import make_sparse_problem
     from fp8mla.schedule import MLASchedule
-    b, s_q, h_q, topk = 2, 2, 64, 130
+    b, s_q, topk = 2, 2, 130
     sp = make_sparse_problem(b, s_q, h_q, topk, seed=0)
     cache = sp.quantized("fp8_rope_bf16")["k_cache"]
     lengths, sinks = (sp.topk_length if topk_length else None), (sp.attn_sink if sink else None)
@@ -105,19 +109,19 @@ def test_sparse_call_reaches_the_gather_ring(launches, topk_length, sink):
     meta, splits = get_mla_metadata(call.cache_seqlens, h_q, 1)
     call = call._replace(meta=meta, num_splits=splits)
     decoder = decoder_for("hopper", "fp8_rope_bf16", h_q, gather=True)
-    assert decoder.name == "hopper_sparse"
+    assert decoder.name == ("hopper_sparse" if h_q > 32 else "hopper_small_sparse")
     o_part, lse_part = torch.empty(b * s_q + meta.shape[0], h_q, 512), torch.empty(b * s_q + meta.shape[0], h_q)
     LAUNCH[decoder.name](call, o_part, lse_part, None)
     ((name, grid, args, constexprs, options),) = launches
-    assert name == "hopper" and grid == (meta.shape[0], 1)
-    assert constexprs == dict(KV_FORMAT=FORMAT_CODE["fp8_rope_bf16"], Q_FP8=False, CAUSAL=False, ABLATE=0,
-                              GATHER=True, HAS_TOPK_LENGTH=topk_length, HAS_SINK=sink)
+    assert name == kernel and grid == (meta.shape[0], 1)
+    assert constexprs == dict(KV_FORMAT=FORMAT_CODE["fp8_rope_bf16"], Q_FP8=False, CAUSAL=False, GATHER=True,
+                              HAS_TOPK_LENGTH=topk_length, HAS_SINK=sink,
+                              **(dict(ABLATE=0) if kernel == "hopper" else dict(ROWS=16)))
     assert args[7].data_ptr() == sp.indices.data_ptr() and args[8:11] == (topk, 3, cache.shape[0])
     assert (args[14], args[23:26]) == (b * s_q, (h_q, 1, h_q))   # requests: query tokens, of h_q rows each
     assert args[26] is cache and args[27] == s_q
     assert (args[28] is sp.topk_length) == topk_length and (args[29] is sp.attn_sink) == sink
-    with pytest.raises(ValueError, match="no 'hopper' kernel takes a sparse call"):   # 16 heads: portable's
-        decoder_for("hopper", "fp8_rope_bf16", 16, gather=True)
+    assert decoder_for("hopper", "fp8_rope_bf16", 16, gather=True).name == "hopper_small_sparse"
     with pytest.raises(ValueError, match="no 'hopper' kernel takes a sparse call"):   # four descales: portable's
         decoder_for("hopper", "fp8_ds_mla", 64, gather=True)
 
@@ -128,8 +132,9 @@ def test_few_query_rows_reach_the_small_rows_kernel(launches, kv_format, q_fp8, 
     p, x, meta, call = launch(kv_format, q_fp8, s_q=s_q, h_q=h_q)
     ((name, grid, args, constexprs, options),) = launches
     assert name == "hopper_small" and grid == (meta.shape[0], 1) and args[0] is x["q"]   # quantized in the kernel
-    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ROWS=rows)
-    assert args[-3:] == (h_q, s_q, s_q * h_q)
+    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=q_fp8, CAUSAL=True, ROWS=rows, GATHER=False,
+                              HAS_TOPK_LENGTH=False, HAS_SINK=False)
+    assert args[23:26] == (h_q, s_q, s_q * h_q) and args[27] == 1   # (Q_GROUP 1: a dense call)
 
 
 def test_more_query_rows_stay_on_the_64_row_kernel(launches):

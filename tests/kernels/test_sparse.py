@@ -58,8 +58,9 @@ def test_without_topk_length_or_sink(device):
     check(out, lse, *reference_sparse_mla_decode(q, kv, indices), "fp8_ds_mla")
 
 
-# (on an sm_90 GPU the second runs on the Hopper kernel's gather ring: fp8_rope_bf16, at least 33 heads)
-ON_BOTH = pytest.mark.parametrize("kv_format,h_q", [("fp8_ds_mla", 16), ("fp8_rope_bf16", 64)])
+# (on an sm_90 GPU the last two run on the Hopper kernels' gather rings: fp8_rope_bf16, the 64-row kernel's and the
+# small-rows kernel's)
+ON_BOTH = pytest.mark.parametrize("kv_format,h_q", [("fp8_ds_mla", 16), ("fp8_rope_bf16", 64), ("fp8_rope_bf16", 16)])
 
 
 @ON_BOTH
@@ -177,10 +178,11 @@ def test_flashmla_sparse_metadata_call(device):
 
 
 @pytest.mark.hopper
-@pytest.mark.parametrize("b,s_q,h_q,topk", [(3, 1, 64, 2048), (2, 2, 128, 130), (5, 2, 64, 700)])
+@pytest.mark.parametrize("b,s_q,h_q,topk", [(3, 1, 64, 2048), (2, 2, 128, 130), (5, 2, 64, 700), (3, 1, 16, 2048),
+                                            (5, 2, 32, 700), (2, 2, 16, 130)])
 def test_hopper_gather_ring(b, s_q, h_q, topk):
-    """The Hopper kernel on the gather ring against the reference, its schedule as planned (few parts a query token
-    at b=2, a part each at b=5)."""
+    """The Hopper kernels on the gather ring (64 rows; at most 32: the small-rows kernel's load warp gathers)
+    against the reference, their schedule as planned (few parts a query token at b=2, a part each at b=5)."""
     device = torch.device("cuda")
     q, kv, indices, topk_length, sink = make_sparse(b, s_q, h_q, topk, pages=80, device=device)
     cache, _ = quantize_kv_cache(kv, "fp8_rope_bf16")

@@ -8,6 +8,7 @@
   hopper         Gluon sm_90a, the FP8 caches, 64 query rows a CTA
   hopper_sparse  hopper's kernel on the sparse call's gather ring (cp.async of each index's row), read with one
                  descale a row ("fp8_rope_bf16": fp8mla's writer's caches), at least 33 query rows (h_q)
+  hopper_small_sparse   hopper_small's kernel on the gather ring (its load warp gathers), at most 32 query rows
   portable       plain Triton (any GPU with FP8 tensor cores, and the CPU interpreter), every format, dense and
                  sparse (its pages gathered row by row through ``indices``)
 
@@ -48,6 +49,7 @@ DECODERS = (
     Decoder("hopper_bf16", "hopper", ("bf16",), 1, None),
     Decoder("hopper_small", "hopper", FP8_FORMATS, 1, SMALL_ROWS),
     Decoder("hopper", "hopper", FP8_FORMATS, SMALL_ROWS + 1, None),
+    Decoder("hopper_small_sparse", "hopper", ("fp8_rope_bf16",), 1, SMALL_ROWS, ("sparse",)),
     Decoder("hopper_sparse", "hopper", ("fp8_rope_bf16",), SMALL_ROWS + 1, None, ("sparse",)),
     Decoder("portable", "portable", KV_FORMATS, 1, None, ("dense", "sparse")),
 )

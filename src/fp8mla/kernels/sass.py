@@ -195,9 +195,17 @@ def hopper_reports(ablate: int = 0) -> list[SassReport]:
             continue
         kernel = small.mla_decode_hopper_small_kernel   # the same parameters, and ROWS
         for rows in (16, 32):   # its two N
-            k = compile_sm90(kernel, decode_signature(kernel, **types), {**constexprs, "ROWS": rows}, gluon=True,
-                             divisible=TYPICAL_DIVISIBLE, num_warps=4)
+            dense_small = dict(Q_GROUP=1, GATHER=False, HAS_TOPK_LENGTH=False, HAS_SINK=False)
+            k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", **types),
+                             {**constexprs, "ROWS": rows, **dense_small}, gluon=True, divisible=TYPICAL_DIVISIBLE,
+                             num_warps=4)
             reports.append(sass_report(k, f"hopper_small{rows}[{fmt}{q_kind}]"))
+            if fmt == "fp8_rope_bf16":   # the sparse call's gather ring (hopper_small_sparse)
+                sparse = dict(GATHER=True, HAS_TOPK_LENGTH=True, HAS_SINK=True)
+                k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", Q_GROUP="i32", **types),
+                                 {**constexprs, "CAUSAL": False, "ROWS": rows, **sparse}, gluon=True,
+                                 divisible=TYPICAL_DIVISIBLE, num_warps=4)
+                reports.append(sass_report(k, f"hopper_small_sparse{rows}[{fmt}]"))
     return reports
 
 

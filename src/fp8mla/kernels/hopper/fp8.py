@@ -28,8 +28,8 @@ from .epilogue import pv_epilogue
 from .handshakes import Handoff, init_barriers
 from .layouts import (BLOCK_M, HALF, LEFT, O_ACC, PV_REGS, RIGHT, ROPE_PV_REGS, S_BF16, S_FP8, SCALE_COLS, STAGES,
                       VEC_SMEM, dim_bit as _d, token_bit as _t)
-from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, quantize_half
-from .ring import (GATHER_ARRIVALS, Ring, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
+from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, q_base, quantize_half
+from .ring import (Ring, gather_arrivals, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
                    open_part, part_start, planned_for, request_range)
 from .softmax import (ROW_LANES, key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page,
                       token_scales)
@@ -51,18 +51,6 @@ SCALE_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t
 L_LANES = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_t(3)], lane_bases=[_d(0), _d(1), _t(0), _t(1), _t(2)],
                                                   warp_bases=[_t(4), _t(5)], block_bases=[],
                                                   shape=[64, ROW_LANES.value]))
-
-
-@gluon.jit
-def _q_base(query, req, sparse, GATHER: gl.constexpr):
-    """Where request req's query rows start: batch entry req's; a sparse call's (GATHER) query token req, Q_GROUP
-    (s_q) of them an entry. sparse: (Q_GROUP, topk_length_ptr, sink_ptr)."""
-    q_ptr, stride_qb, stride_qs, _ = query
-    if GATHER:
-        entry = req // sparse[0]
-        return q_ptr + entry * stride_qb + (req - entry * sparse[0]) * stride_qs
-    else:
-        return q_ptr + req * stride_qb
 
 
 @gluon.jit
@@ -128,7 +116,7 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, cache, sparse, scal
                 q_scale = q_descale.load(row_l)
             else:
                 q_scale = gl.convert_layout(
-                    load_q((_q_base(query, req, sparse, GATHER), stride_qs, stride_qh, H, R), q_lat, q_rope, Q_SOURCE),
+                    load_q((q_base(query, req, sparse, GATHER), stride_qs, stride_qh, H, R), q_lat, q_rope, Q_SOURCE),
                     row_l)
             if KV_FORMAT == FP8:  # (q_ready, or Triton's barrier after load_q's cp.async wait: every row is in)
                 q_a = q_lat.load(Q_REGS)
@@ -224,7 +212,7 @@ def _pv_wg(query, shape, sched, outs, sparse, q_smem, ring, vt, hand, WG: gl.con
         seqlen, lo, hi = request_range(part, req)
         if lo < hi:
             if Q_SOURCE == Q_QUANTIZE:
-                quantize_half((_q_base(query, req, sparse, GATHER), stride_qs, stride_qh, H, R), q_lat, q_rope,
+                quantize_half((q_base(query, req, sparse, GATHER), stride_qs, stride_qh, H, R), q_lat, q_rope,
                               q_descale, WG)
                 mbarrier.arrive(q_ready)
                 if it == 0:   # the part's first page
@@ -256,8 +244,8 @@ def mla_decode_hopper_kernel(
         block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr, B, SLOTS,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
         kv_ptr, Q_GROUP, topk_length_ptr, sink_ptr,
-        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr,
-        GATHER: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr, HAS_SINK: gl.constexpr):
+        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, GATHER: gl.constexpr,
+        HAS_TOPK_LENGTH: gl.constexpr, HAS_SINK: gl.constexpr, ABLATE: gl.constexpr):
     """R = H * S_Q, the query rows per request, comes as a parameter: computed in the partitions, LLVM made it
     one value before warp_specialize's branch, which ptxas kept in local memory. A sparse call (GATHER): its
     requests are query tokens, Q_GROUP (s_q) a batch entry, S_Q 1; block_table is its indices, kv_ptr the cache
@@ -266,7 +254,7 @@ def mla_decode_hopper_kernel(
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
         BLOCK_M, STAGES, rope_desc, KV_FORMAT)
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(
-        STAGES, GATHER_ARRIVALS if GATHER else 1)
+        STAGES, gather_arrivals(4) if GATHER else 1)   # (the softmax warpgroup issues the gathers)
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)

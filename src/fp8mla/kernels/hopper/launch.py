@@ -55,10 +55,10 @@ def cache_descriptors(k_cache: torch.Tensor, kv_format: str):
     return _descriptors[key]
 
 
-def _fp8_launch(variant, grid, call, sparse_args=False):
+def fp8_launch(variant, grid, call):
     """``launch(call, o_part, lse_part, site)``: an FP8 kernel's launch (fp8.py's and small.py's parameters are
-    the same, fp8.py's then its ``sparse_args``: the cache's bytes, Q_GROUP, topk_length, attn_sink; a bf16 q is
-    quantized in the kernel) for calls of ``call``'s signature."""
+    the same, the sparse call's last: the cache's bytes, Q_GROUP, topk_length, attn_sink; a bf16 q is quantized in
+    the kernel) for calls of ``call``'s signature."""
     b, s_q, h_q = call.shape
     kv_format = call.kv_format
     gather = call.gather
@@ -72,11 +72,8 @@ def _fp8_launch(variant, grid, call, sparse_args=False):
 
     def launch(call, o_part, lse_part, site):
         dummy = call.cache_seqlens  # never read: placeholders for absent tensors
-        extra = ()
-        if sparse_args:
-            topk_length, sink = (None, None) if call.gather is None else call.gather[1:]
-            extra = (call.k_cache, q_group, dummy if topk_length is None else topk_length,
-                     dummy if sink is None else sink)
+        topk_length, sink = (None, None) if call.gather is None else call.gather[1:]
+        extra = (call.k_cache, q_group, dummy if topk_length is None else topk_length, dummy if sink is None else sink)
         variant(grid, (call.q, *q_strides, *cache_descriptors(call.k_cache, kv_format), call.block_table, *table,
                        call.cache_seqlens, call.meta, call.num_splits, *batch, call.out, call.lse, o_part, lse_part,
                        dummy if call.descale_q is None else call.descale_q,
@@ -85,20 +82,16 @@ def _fp8_launch(variant, grid, call, sparse_args=False):
 
 
 def _fp8_constexprs(call) -> dict:
-    return dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != torch.bfloat16, CAUSAL=call.causal)
+    """The FP8 kernels' constexprs for a call (its pages from the block table, or a sparse call's gathered)."""
+    gather = call.gather
+    return dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != torch.bfloat16, CAUSAL=call.causal,
+                GATHER=gather is not None, HAS_TOPK_LENGTH=gather is not None and gather.topk_length is not None,
+                HAS_SINK=gather is not None and gather.attn_sink is not None)
 
 
 def fp8_kernel_constexprs(call, ablate: int = 0) -> dict:
-    """fp8.py's kernel's constexprs for a call (its pages from the block table, or a sparse call's gathered)."""
-    gather = call.gather
-    return {**_fp8_constexprs(call), "ABLATE": ablate, "GATHER": gather is not None,
-            "HAS_TOPK_LENGTH": gather is not None and gather.topk_length is not None,
-            "HAS_SINK": gather is not None and gather.attn_sink is not None}
-
-
-def fp8_launch(variant, grid, call):
-    """``launch(call, o_part, lse_part, site)`` of fp8.py's kernel (its arguments, then the sparse call's)."""
-    return _fp8_launch(variant, grid, call, sparse_args=True)
+    """fp8.py's kernel's constexprs for a call."""
+    return {**_fp8_constexprs(call), "ABLATE": ablate}
 
 
 def _plan_fp8(call, parts, ablate):
@@ -110,7 +103,7 @@ def _plan_fp8(call, parts, ablate):
 def _plan_small(call, parts):
     """small.py's kernel: the call's (at most 32) query rows in one CTA per part, as the wgmma's N."""
     variant = _launch_small.variant({**_fp8_constexprs(call), "ROWS": rows_per_cta(call.rows)}, num_warps=4)
-    return _fp8_launch(variant, (parts, 1), call)
+    return fp8_launch(variant, (parts, 1), call)
 
 
 def _plan_bf16(call, parts, ablate):
@@ -143,4 +136,5 @@ def launch_bf16(call, o_part, lse_part, site):
     planned(_plan_bf16, call, call.meta.shape[0], ABLATE)(call, o_part, lse_part, site)
 
 
-LAUNCH = {"hopper": launch_fp8, "hopper_sparse": launch_fp8, "hopper_small": launch_small, "hopper_bf16": launch_bf16}
+LAUNCH = {"hopper": launch_fp8, "hopper_sparse": launch_fp8, "hopper_small": launch_small,
+          "hopper_small_sparse": launch_small, "hopper_bf16": launch_bf16}

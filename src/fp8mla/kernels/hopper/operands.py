@@ -39,6 +39,18 @@ def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORM
 
 
 @gluon.jit
+def q_base(query, req, sparse, GATHER: gl.constexpr):
+    """Where request req's query rows start: batch entry req's; a sparse call's (GATHER) query token req, Q_GROUP
+    (s_q) of them an entry. sparse: (Q_GROUP, topk_length_ptr, sink_ptr)."""
+    q_ptr, stride_qb, stride_qs, _ = query
+    if GATHER:
+        entry = req // sparse[0]
+        return q_ptr + entry * stride_qb + (req - entry * sparse[0]) * stride_qs
+    else:
+        return q_ptr + req * stride_qb
+
+
+@gluon.jit
 def load_q(q_rows, q_lat, q_rope, SOURCE: gl.constexpr):
     """One request's query rows (as many as q_lat has) into shared memory; returns each row's descale (1 for
     Q_AS_IS).

@@ -139,13 +139,21 @@ def load_cursor_step(part, table, cursor):
 
 
 # ---- the gather ring (a sparse call): a page is 64 of a request's indices, each a cache row of its own ----
-# The 16-byte copies of 64 rows: [64, 128] e4m3 (a latent chunk), [64, 64] bf16 (RoPE) and [64, 4] fp32 (the
-# descales: one copy a row, which the 8 lanes across share) take the same threads' rows (4 lanes x 4 warps down),
-# so one index vector serves them all.
-GATHER_ROWS = gl.constexpr(gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0]))
-GATHER_SCALE = gl.constexpr(gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0]))
-GATHER_ARRIVALS = gl.constexpr(128)   # ring.ready's arrivals in the gather ring: the issuing warpgroup's threads
 LAT_CHUNK = gl.constexpr(128)   # latent bytes of a row per swizzle block (LAT_SMEM's 128-byte swizzle)
+
+
+@triton.constexpr_function
+def gather_layout(vec, warps):
+    """The issuer's 16-byte copies of 64 rows, vec elements each: [64, 128] e4m3 (a latent chunk), [64, 64] bf16
+    (RoPE) and [64, 4] fp32 (the descales: one copy a row, which the 8 lanes across share) take the same threads'
+    rows (4 lanes x the issuer's warps down), so one index vector serves them all."""
+    return gl.BlockedLayout([1, vec], [4, 8], [warps, 1], [1, 0])
+
+
+@triton.constexpr_function
+def gather_arrivals(warps):
+    """ring.ready's arrivals in the gather ring: the issuing partition's threads, each as its copies land."""
+    return 32 * warps
 
 
 @gluon.jit
@@ -167,18 +175,18 @@ def gather_cursor_start(part, table, sparse, HAS_TOPK_LENGTH: gl.constexpr):
     """load_cursor_start for the gather ring: the cursor and its page's indices. The issuer reads each page's
     indices one load ahead, so that read's latency hides behind a page of work."""
     cursor = part_start(part)
-    return cursor, gather_indices(table, sparse, cursor, GATHER_ROWS, HAS_TOPK_LENGTH)
+    return cursor, gather_indices(table, sparse, cursor, gather_layout(16, gl.num_warps()), HAS_TOPK_LENGTH)
 
 
 @gluon.jit
 def gather_cursor_step(part, table, sparse, cursor, HAS_TOPK_LENGTH: gl.constexpr):
     cursor = advance(part, cursor)
-    return cursor, gather_indices(table, sparse, cursor, GATHER_ROWS, HAS_TOPK_LENGTH)
+    return cursor, gather_indices(table, sparse, cursor, gather_layout(16, gl.num_warps()), HAS_TOPK_LENGTH)
 
 
 @gluon.jit
 def _gather_rows(dst, row_ptr, ok, col0: gl.constexpr, LAYOUT: gl.constexpr):
-    """cp.async of [64, n] columns col0.. (of dst's dtype, 16 bytes a copy) of the rows at row_ptr (GATHER_ROWS'
+    """cp.async of [64, n] columns col0.. (of dst's dtype, 16 bytes a copy) of the rows at row_ptr (gather_layout's
     rows) into dst, in LAYOUT; rows not ok zero-filled."""
     row_ptr = gl.convert_layout(row_ptr, gl.SliceLayout(1, LAYOUT), assert_trivial=True)
     ok = gl.convert_layout(ok, gl.SliceLayout(1, LAYOUT), assert_trivial=True)
@@ -284,10 +292,11 @@ class Ring:
         ok = (idx >= 0) & (idx < cache_rows)
         row_ptr = kv_ptr + gl.where(ok, idx, 0).to(gl.int64) * ROW_BYTES
         chunks = reinterpret(self.lat.index(s), self.lat.dtype, [D_LATENT // LAT_CHUNK, PAGE_SIZE, LAT_CHUNK], LAT_SMEM)
+        ROWS: gl.constexpr = gather_layout(16, gl.num_warps())
         for c in gl.static_range(D_LATENT // LAT_CHUNK):
-            _gather_rows(chunks.index(c), row_ptr, ok, c * LAT_CHUNK, GATHER_ROWS)
-        _gather_rows(self.rope.index(s), row_ptr, ok, ROPE_OFFSET // 2, GATHER_ROWS)
-        _gather_rows(self.scale.index(s), row_ptr, ok, SCALE_OFFSET // 4, GATHER_SCALE)
+            _gather_rows(chunks.index(c), row_ptr, ok, c * LAT_CHUNK, ROWS)
+        _gather_rows(self.rope.index(s), row_ptr, ok, ROPE_OFFSET // 2, gather_layout(8, gl.num_warps()))
+        _gather_rows(self.scale.index(s), row_ptr, ok, SCALE_OFFSET // 4, gather_layout(4, gl.num_warps()))
         async_copy.mbarrier_arrive(self.ready.index(s), increment_count=False)
 
     @gluon.jit

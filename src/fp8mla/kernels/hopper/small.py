@@ -18,19 +18,25 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma, warpgroup_mma_init,
+                                                              warpgroup_mma_wait)
 
 from ..constants import FP8, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
 from .epilogue import pv_epilogue_t
 from .handshakes import Handoff, init_barriers
 from .layouts import HALF, LEFT, RIGHT, SCALE_COLS, VEC_SMEM, dim_bit as _d, token_bit as _t
-from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q
-from .ring import Ring, load_cursor_start, load_cursor_step, open_part, part_start, planned_for, request_range
+from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, q_base
+from .ring import (Ring, advance, gather_arrivals, gather_indices, gather_layout, load_cursor_start, load_cursor_step,
+                   open_part, part_start, planned_for, request_range)
 from .softmax import key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page_t, token_scales
 from .transpose import transpose_next
 
 PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
 LOAD_REGS = gl.constexpr(24)   # the load warp's (setmaxnreg's least)
+# the gather ring's load warp holds 16 rows' addresses a thread (64 rows over 4 lanes down) and their indices; the
+# softmax warpgroup gets 256 - this. At 96 no partition spills with ptxas 12.9 (Triton 3.8+; 88: 8-16 bytes, 56:
+# 248), nor with 12.8 (Triton 3.6-3.7) at 16 rows; 32 rows spill 48 bytes there (104: 76, 88: 40)
+GATHER_LOAD_REGS = gl.constexpr(96)
 RED_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0]))  # [4 warps, ROWS]
 # A page's [64 tokens, SCALE_COLS] scale tile, each token held by the threads that hold its score row in S^T
 # (wgmma accumulator: token bits 0-2 in lanes 2-4, bit 3 in a register, bits 4-5 in the warps), so the [64] scale
@@ -54,10 +60,11 @@ def ring_pages(rows, kv_format):
 
 
 @gluon.jit
-def _softmax_wg(query, shape, sched, lse_outs, scales, q_smem, ring, hand, red, red_scale,
-                KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr):
-    """fp8.py's softmax warpgroup on S^T, without the TMA loads (the load warp's); red, red_scale: the warps'
-    meeting buffers of page_max_t."""
+def _softmax_wg(query, shape, sched, lse_outs, scales, sparse, q_smem, ring, hand, red, red_scale,
+                KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, GATHER: gl.constexpr,
+                HAS_TOPK_LENGTH: gl.constexpr, HAS_SINK: gl.constexpr):
+    """fp8.py's softmax warpgroup on S^T, without the loads (the load warp's); red, red_scale: the warps' meeting
+    buffers of page_max_t. A sparse call (GATHER) as in fp8.py: a token not gathered has descale 0 and is masked."""
     q_ptr, stride_qb, stride_qs, stride_qh = query
     H, S_Q, R = shape
     descale_q_ptr, descale_k_ptr, sm_scale_log2 = scales
@@ -80,10 +87,13 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, q_smem, ring, hand, red, 
         seqlen, lo, hi = request_range(part, req)
         if lo < hi:
             q_scale = gl.convert_layout(
-                load_q((q_ptr + req * stride_qb, stride_qs, stride_qh, H, R), q_lat, q_rope,
+                load_q((q_base(query, req, sparse, GATHER), stride_qs, stride_qh, H, R), q_lat, q_rope,
                        Q_AS_IS if Q_FP8 else Q_QUANTIZE), row_l)
             limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             bad = not planned_for(part, req, seqlen)   # or, below, a page outside the cache
+            if HAS_TOPK_LENGTH:   # (the gather ring counts only the indices within it)
+                length = gl.load(sparse[1] + req // sparse[0])
+                bad |= (length < 0) | (length > seqlen)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, row_l)
             l_acc = gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST)
             v_unit = gl.to_tensor(1.0)
@@ -93,6 +103,8 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, q_smem, ring, hand, red, 
                 # ---- S^T = k_lat.q_lat^T * scales + k_rope.q_rope^T for this page ... ----
                 s = it % RING
                 ring.wait(it)
+                if GATHER:   # the gather ring's cp.async wrote the page through the generic proxy; wgmma reads async
+                    fence_async_shared()
                 acc = warpgroup_mma(ring.lat.index(s), q_lat.permute((1, 0)),
                                     gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST), use_acc=False, is_async=True)
                 if KV_FORMAT == FP8:
@@ -115,6 +127,8 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, q_smem, ring, hand, red, 
                                                                 ring.rope.index(s)])[:2]
                     acc = acc * k_scale[:, None] * q_scale[None, :] + gl.convert_layout(acc_rope, ST,
                                                                                         assert_trivial=True)
+                if GATHER:   # a token not gathered (-1, past topk_length) has its descale zero-filled
+                    acc = gl.where((k_scale > 0)[:, None], acc, float("-inf"))
                 bad |= ring.page_outside(it)
                 ring.release(it)
                 prev = (acc, k_scale)
@@ -125,20 +139,29 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, q_smem, ring, hand, red, 
 
             # ---- a request's end: its O scale to the PV warpgroups; lse ----
             softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, bad, shape,
-                             sm_scale_log2, sched, lse_outs, hand, n_req, LOG2_FP8_MAX)
+                             sm_scale_log2, sched, lse_outs, hand, n_req, LOG2_FP8_MAX, sparse, GATHER, HAS_SINK)
             n_req += 1
 
 
 @gluon.jit
-def _load_wg(sched, table, descs, ring, KV_FORMAT: gl.constexpr):
-    """TMA: every page of the part into the ring, as soon as its slot is released."""
+def _load_wg(sched, table, descs, cache, sparse, ring, KV_FORMAT: gl.constexpr, GATHER: gl.constexpr,
+             HAS_TOPK_LENGTH: gl.constexpr):
+    """Every page of the part into the ring, as soon as its slot is released: by TMA, or (GATHER) each index's row
+    by cp.async (the gather ring; the warp waits for each page's indices, its ring pages ahead)."""
     part = open_part(sched)
-    load_cursor, load_page = load_cursor_start(part, table)
     loaded = 0
-    while load_cursor[2]:
-        ring.load(descs, table, load_page, loaded, KV_FORMAT)
-        loaded += 1
-        load_cursor, load_page = load_cursor_step(part, table, load_cursor)
+    if GATHER:
+        cursor = part_start(part)
+        while cursor[2]:
+            ring.gather(cache, gather_indices(table, sparse, cursor, gather_layout(16, 1), HAS_TOPK_LENGTH), loaded)
+            loaded += 1
+            cursor = advance(part, cursor)
+    else:
+        load_cursor, load_page = load_cursor_start(part, table)
+        while load_cursor[2]:
+            ring.load(descs, table, load_page, loaded, KV_FORMAT)
+            loaded += 1
+            load_cursor, load_page = load_cursor_step(part, table, load_cursor)
 
 
 @gluon.jit
@@ -178,22 +201,27 @@ def mla_decode_hopper_small_kernel(
         q_ptr, stride_qb, stride_qs, stride_qh, lat_desc, rope_desc, scale_desc,
         block_table_ptr, stride_bt, max_pages, num_pages, seqlens_ptr, meta_ptr, num_splits_ptr, B, SLOTS,
         out_ptr, lse_ptr, o_part_ptr, lse_part_ptr, descale_q_ptr, descale_k_ptr, sm_scale_log2, H, S_Q, R,
-        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, ROWS: gl.constexpr):
+        kv_ptr, Q_GROUP, topk_length_ptr, sink_ptr,
+        KV_FORMAT: gl.constexpr, Q_FP8: gl.constexpr, CAUSAL: gl.constexpr, GATHER: gl.constexpr,
+        HAS_TOPK_LENGTH: gl.constexpr, HAS_SINK: gl.constexpr, ROWS: gl.constexpr):
+    """fp8.py's parameters, and ROWS; a sparse call (GATHER) as fp8.py's, its pages gathered by the load warp."""
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
         ROWS, ring_pages(ROWS, KV_FORMAT), rope_desc, KV_FORMAT)
     red = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], RED_SMEM)    # per page parity, warp: row maxima
     red_scale = gl.allocate_shared_memory(gl.float32, [2, 4], VEC_SMEM)    # ... and the largest token scale
-    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(k_lat.shape[0])
+    kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(
+        k_lat.shape[0], gather_arrivals(1) if GATHER else 1)   # (the load warp issues the gathers)
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)
+    sparse = (Q_GROUP, topk_length_ptr, sink_ptr)
     gl.warp_specialize([
         (_softmax_wg, ((q_ptr, stride_qb, stride_qs, stride_qh), (H, S_Q, R), sched, (lse_ptr, lse_part_ptr),
-                       (descale_q_ptr, descale_k_ptr, sm_scale_log2), (q_lat, q_rope), ring, hand, red, red_scale,
-                       KV_FORMAT, Q_FP8, CAUSAL)),
+                       (descale_q_ptr, descale_k_ptr, sm_scale_log2), sparse, (q_lat, q_rope), ring, hand, red,
+                       red_scale, KV_FORMAT, Q_FP8, CAUSAL, GATHER, HAS_TOPK_LENGTH, HAS_SINK)),
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, LEFT)),
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, RIGHT)),
-        (_load_wg, (sched, (block_table_ptr, stride_bt, num_pages), (lat_desc, rope_desc, scale_desc), ring,
-                    KV_FORMAT)),
-    ], [4, 4, 1], [PV_REGS_SMALL, PV_REGS_SMALL, LOAD_REGS])
+        (_load_wg, (sched, (block_table_ptr, stride_bt, num_pages), (lat_desc, rope_desc, scale_desc),
+                    (kv_ptr, num_pages * PAGE_SIZE), sparse, ring, KV_FORMAT, GATHER, HAS_TOPK_LENGTH)),
+    ], [4, 4, 1], [PV_REGS_SMALL, PV_REGS_SMALL, GATHER_LOAD_REGS if GATHER else LOAD_REGS])
