@@ -224,3 +224,15 @@ def test_dense_validate_reads_the_descales_of_the_requests_tokens(device):
     cache.view(-1, 656)[row, 516:520] = torch.tensor([2.0]).view(torch.uint8).to(device)
     with pytest.raises(ValueError, match="four descales differ"):
         flash_mla_with_kvcache(p.q, cache, p.block_table, p.cache_seqlens, 512, meta, splits, validate=True)
+
+
+@pytest.mark.gpu
+def test_first_call_of_a_shape_is_not_captured():
+    """A sparse shape's first call makes its tensor of topk each; captured, that fill would only happen at replays,
+    so the call says to make an eager one first."""
+    device = torch.device("cuda")
+    q, kv, indices, _, _ = make_sparse(3, 1, 64, 192, device=device, pages=8, seed=7)
+    cache, _ = quantize_kv_cache(kv.nan_to_num(0.0), "fp8_rope_bf16")
+    with pytest.raises(ValueError, match="make one eager call of this shape first"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            sparse(q, cache, indices, kv_format="fp8_rope_bf16")
