@@ -21,7 +21,8 @@ EVENTS = {3: ("replace", 2, 64),       # before replay 3: request 2 finishes, a 
           4: ("idle", 3),              # replay 4: request 3's slot is padding
           5: ("replace", 3, 200)}
 REPLAYS = 7
-COS_BOUND = {"bf16": 1e-5, "fp8": 2.5e-3, "fp8_rope_bf16": 2.5e-3, "fp8_ds_mla": 2.5e-3}  # vs fp32 attention over the cache's values
+# vs fp32 attention over the cache's values
+COS_BOUND = {"bf16": 1e-5, "fp8": 2.5e-3, "fp8_rope_bf16": 2.5e-3, "fp8_ds_mla": 2.5e-3}
 
 
 class Batch:

@@ -58,7 +58,8 @@ def parser() -> argparse.ArgumentParser:
     bench_arguments(commands.add_parser(
         "bench", formatter_class=formatter, help="speed and accuracy against FlashMLA / FA3 (needs a GPU)",
         description="Times every cache format and backend of fp8mla and the peers (FlashMLA BF16, FlashMLA dense "
-                    "FP8, FA3-MLA; with --sparse FlashMLA's sparse decode) on the same inputs in one process: graph-replay and eager ms, TFLOPS, GB/s, host "
+                    "FP8, FA3-MLA; with --sparse FlashMLA's sparse decode) on the same inputs in one process: "
+                    "graph-replay and eager ms, TFLOPS, GB/s, host "
                     "us per call, speedups over the peers of the same kind, and each output's error against an fp32 "
                     "reference. Without size options it runs the default suite (about 3 minutes on an H200). "
                     "Results go to --out as markdown, JSON and a plot; progress goes to stderr."))

@@ -1,5 +1,6 @@
 """Cache writer kernel: one program per new token, writing its row into the paged cache (see formats.py; for the
-656-byte formats a descale per row, ``"fp8_rope_bf16"``, stored in all four slots, or per 128 dims, ``"fp8_ds_mla"``)."""
+656-byte formats a descale per row, ``"fp8_rope_bf16"``, stored in all four slots, or per 128 dims,
+``"fp8_ds_mla"``)."""
 from __future__ import annotations
 
 import triton

@@ -39,7 +39,8 @@ class SassReport:
         return len(re.findall(rf"\b{re.escape(opcode)}[\s.]", self.sass))
 
     def summary(self) -> dict:
-        keys = ("QGMMA", "HGMMA", "HMMA", "UTMALDG", "LDGSTS", "LDL", "STL", "LDS", "STS", "STG", "STG.E.128", "PRMT", "BAR",
+        keys = ("QGMMA", "HGMMA", "HMMA", "UTMALDG", "LDGSTS", "LDL", "STL", "LDS", "STS", "STG", "STG.E.128", "PRMT",
+                "BAR",
                 "SYNCS")
         return dict(name=self.name, regs=self.n_regs, stack=self.stack, shared=self.shared,
                     wgmma_serialized=self.wgmma_serialized,

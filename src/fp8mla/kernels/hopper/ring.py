@@ -27,8 +27,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, D_LATENT, END_PAGE, END_REQ, END_REQ_PAGES,
-                         FP8_ROPE_BF16, PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
+from ..constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, D_LATENT, END_PAGE, END_REQ,
+                         END_REQ_PAGES, FP8_ROPE_BF16, PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
 from ..triton_compat import aggregate, cp_async_load, reinterpret, tma_load
 from .layouts import LAT_SMEM
 
@@ -279,10 +279,10 @@ class Ring:
 
     @gluon.jit
     def gather(self, cache, idx, pos):
-        """cp.async the 64 cache rows idx names (gather_indices') into ring position pos's slot, once the page before it there is released; the slot's ready barrier counts
-        the issuing warpgroup's threads' arrivals, each when its copies have landed. A row -1 is zero-filled (V 0,
-        no NaN); one outside the cache too, and it flags the slot (Ring.bad). cache: (the cache's bytes, its rows).
-        The 656-byte formats only."""
+        """cp.async the 64 cache rows idx names (gather_indices') into ring position pos's slot, once the page before
+        it there is released; the slot's ready barrier counts the issuing partition's threads' arrivals
+        (gather_arrivals), each when its copies have landed. A row -1 is zero-filled (V 0, no NaN); one outside the
+        cache too, and it flags the slot (Ring.bad). cache: (the cache's bytes, its rows). The 656-byte formats."""
         kv_ptr, cache_rows = cache
         RING: gl.constexpr = self.lat.shape[0]
         s = pos % RING

@@ -153,7 +153,8 @@ def _load_wg(sched, table, descs, cache, sparse, ring, KV_FORMAT: gl.constexpr, 
     if GATHER:
         cursor = part_start(part)
         while cursor[2]:
-            ring.gather(cache, gather_indices(table, sparse, cursor, gather_layout(16, 1), HAS_TOPK_LENGTH), loaded)
+            idx = gather_indices(table, sparse, cursor, gather_layout(16, gl.num_warps()), HAS_TOPK_LENGTH)
+            ring.gather(cache, idx, loaded)
             loaded += 1
             cursor = advance(part, cursor)
     else:
