@@ -10,7 +10,7 @@ export PYTHONPATH=src PYTHONUNBUFFERED=1
 [ $# -ge 1 ] && { source scripts/triton_bundle_env.sh "$1" || exit 1; }
 python3 -c 'import torch, triton; print(f"== torch {torch.__version__}, triton {triton.__version__}, {torch.cuda.get_device_name()}")'
 fail=0
-for t in tests/kernels/test_hopper.py tests/kernels/test_gpu_matrix.py tests/test_cuda_graphs.py \
+for t in tests/kernels/test_hopper.py tests/kernels/test_gpu_matrix.py tests/test_cuda_graphs.py tests/kernels/test_sparse.py \
          "tests/test_no_host_sync.py tests/test_compat.py tests/test_deepseek_v3.py tests/test_api.py" \
          "tests/test_safety.py tests/kernels/test_planner.py tests/kernels/test_combine.py" \
          tests/test_sanitizers.py; do
