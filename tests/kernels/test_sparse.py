@@ -63,6 +63,33 @@ def test_without_topk_length_or_sink(device):
 ON_BOTH = pytest.mark.parametrize("kv_format,h_q", [("fp8_ds_mla", 16), ("fp8_rope_bf16", 64), ("fp8_rope_bf16", 16)])
 
 
+def test_schedule_replanned_for_another_shape(device):
+    """One get_mla_metadata() schedule passed to calls of another topk or batch is planned anew for each (a schedule
+    of the wrong topk would cover other pages)."""
+    q, kv, indices, _, _ = make_sparse(2, 1, 16, 128, device=device, seed=8)
+    cache, _ = quantize_kv_cache(kv, "fp8_ds_mla")
+    schedule, _ = get_mla_metadata()
+    for idx, qq in ((indices, q), (indices[..., :60].contiguous(), q), (indices[:1], q[:1])):   # 2, 1, 2 pages
+        out, lse = flash_mla_with_kvcache(qq, cache, None, None, 512, schedule, None, indices=idx)
+        check(out, lse, *reference_sparse_mla_decode(qq, kv, idx), "fp8_ds_mla")
+        assert schedule.num_splits.shape[0] == idx.shape[0] * idx.shape[1] + 1
+
+
+def test_preallocated_outputs_and_e4m3_q(device):
+    """out and lse given (as a CUDA graph has them) are filled in place; an e4m3 q with its descale on the "fp8"
+    cache, as vLLM's dense FP8 call passes it."""
+    from fp8mla import quantize_fp8_per_tensor
+    q, kv, indices, topk_length, sink = make_sparse(2, 2, 16, 96, device=device, seed=9)
+    cache, descale_k = quantize_kv_cache(kv, "fp8")
+    q8, descale_q = quantize_fp8_per_tensor(q)
+    out = torch.full((2, 2, 16, 512), float("nan"), dtype=torch.bfloat16, device=device)
+    lse = torch.full((2, 16, 2), float("nan"), device=device)
+    res = sparse(q8, cache, indices, topk_length=topk_length, attn_sink=sink, descale_q=descale_q,
+                 descale_k=descale_k, out=out, lse=lse)
+    assert res[0] is out and res[1] is lse
+    check(out, lse, *reference_sparse_mla_decode(q8.float() * descale_q, kv, indices, topk_length, sink), "fp8")
+
+
 @ON_BOTH
 def test_split_requests(kv_format, h_q, device, monkeypatch):
     """Few query tokens with many indices: the schedule cuts each into pieces, which the combine merges (and its
