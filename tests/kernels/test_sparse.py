@@ -162,13 +162,14 @@ def test_bad_indices_mark_their_token(kv_format, h_q, device):
     assert out[2].isnan().all() and not out[:2].isnan().any()
 
 
-def test_all_skipped(device):
+@ON_BOTH
+def test_all_skipped(kv_format, h_q, device):
     """A query token whose indices are all -1 (or whose topk_length is 0) sees nothing: out 0, lse +inf."""
-    q, kv, indices, topk_length, sink = make_sparse(2, 1, 16, 64, device=device, seed=5)
-    cache, _ = quantize_kv_cache(kv, "fp8_ds_mla")
+    q, kv, indices, topk_length, sink = make_sparse(2, 1, h_q, 64, device=device, seed=5)
+    cache, _ = quantize_kv_cache(kv, kv_format)
     indices[0] = -1
     topk_length[1] = 0
-    out, lse = sparse(q, cache, indices, topk_length=topk_length, attn_sink=sink)
+    out, lse = sparse(q, cache, indices, topk_length=topk_length, attn_sink=sink, kv_format=kv_format)
     assert (out == 0).all() and (lse == math.inf).all()
 
 
