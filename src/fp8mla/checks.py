@@ -48,6 +48,12 @@ class DecodeCall(NamedTuple):
     gather: Gather | None = None  # a sparse call's (block_table: its indices; cache_seqlens: topk each)
 
     @property
+    def max_pages(self) -> int:
+        """Pages a request's block table can name: its columns (a sparse call's: topk's pages of 64 indices)."""
+        cols = self.block_table.shape[1]
+        return cols if self.gather is None else -(-cols // PAGE_SIZE)
+
+    @property
     def shape(self) -> tuple[int, int, int]:
         """(requests, query tokens a request, heads) as the kernels see them: (b, s_q, h_q), sparse (b * s_q, 1,
         h_q)."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..formats import D_LATENT, KV_FORMATS, PAGE_SIZE
+from ..formats import D_LATENT, KV_FORMATS
 from ..runtime import capability, device_index, interpreter_active
 
 BACKENDS = ("portable", "hopper")
@@ -147,8 +147,7 @@ def _plan_decode(call, decoder: Decoder, parts: int):
     # every part adds at most one split beyond the first of each request
     buffers = (((b + parts, call.rows, D_LATENT), partial_dtype(call.kv_format)),
                ((b + parts, call.rows), torch.float32))
-    max_pages = call.block_table.shape[1] if call.gather is None else -(-call.block_table.shape[1] // PAGE_SIZE)
-    combine = lazy("combine").plan_combine(b, s_q, h_q, parts, max_pages, call.q.device, call.gather)
+    combine = lazy("combine").plan_combine(b, s_q, h_q, parts, call.max_pages, call.q.device, call.gather)
 
     def decode(call):
         o_part, lse_part = scratch(call.q.device, *buffers)

@@ -261,8 +261,7 @@ def _plan_portable(call, parts):
                                    HAS_SINK=gather is not None and gather.attn_sink is not None),
                               num_warps=8 if block_m == 64 else 4, num_stages=1)
     q_strides = call.q.stride()[:3]
-    max_pages = call.block_table.shape[1] if gather is None else -(-call.block_table.shape[1] // PAGE_SIZE.value)
-    table = (call.block_table.stride(0), max_pages, call.k_cache.shape[0])
+    table = (call.block_table.stride(0), call.max_pages, call.k_cache.shape[0])
     batch = (b, b + parts)   # requests, split slots
     sizes = (call.softmax_scale * LOG2E.value, h_q, s_q, 1 if gather is None else gather.s_q)
 

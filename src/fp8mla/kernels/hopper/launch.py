@@ -62,8 +62,7 @@ def fp8_launch(variant, grid, call):
     b, s_q, h_q = call.shape
     kv_format = call.kv_format
     gather = call.gather
-    pages = call.block_table.shape[1] if gather is None else -(-call.block_table.shape[1] // formats.PAGE_SIZE)
-    table = (call.block_table.stride(0), pages, call.k_cache.shape[0])
+    table = (call.block_table.stride(0), call.max_pages, call.k_cache.shape[0])
     batch = (b, b + grid[0])   # requests, split slots (one a part beyond the first of each request)
     sizes = (call.softmax_scale * LOG2E.value, h_q, s_q, call.rows)
     q_strides = call.q.stride()[:3]
