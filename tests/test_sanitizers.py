@@ -1,6 +1,6 @@
 """compute-sanitizer on the Hopper kernels (GPU, marked): every path (fp8_rope_bf16, fp8 with an e4m3 and a bf16 q,
 bf16) of the small-rows and the 64-row kernel, on a split schedule with a short last page; and memcheck on
-test_safety.py's bad inputs.
+test_safety.py's bad inputs and test_sparse.py's.
 
 memcheck: nothing is read or written outside its tensors. Each tensor is its own allocation (no caching
 allocator), so a read past a sequence's pages or a tensor's end is an error memcheck sees.
@@ -50,10 +50,15 @@ def test_memcheck_finds_no_error(rows):
 @pytest.mark.gpu
 @pytest.mark.hopper
 @pytest.mark.skipif(SANITIZER is None, reason="needs compute-sanitizer")
-def test_memcheck_finds_no_error_on_bad_data():
+@pytest.mark.parametrize("tests", [["tests/test_safety.py"],
+                                   ["tests/kernels/test_sparse.py", "-k", "bad_indices or all_skipped"]],
+                         ids=["dense", "sparse"])
+def test_memcheck_finds_no_error_on_bad_data(tests):
     """test_safety.py's bad inputs (pages outside the cache, seqlens beyond the block table or negative, schedules
-    stale or not get_mla_metadata's, cache-writer slots past the cache), both backends: nothing outside a tensor."""
-    tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_safety.py"]
+    stale or not get_mla_metadata's, cache-writer slots past the cache), both backends, and the sparse call's
+    (indices below -1 or past the cache, topk_length outside [0, topk], tokens that see nothing) on the portable
+    kernel and both gather rings: nothing outside a tensor."""
+    tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     subprocess.run(tests, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)   # compiled first
     run = subprocess.run([SANITIZER, "--tool", "memcheck", "--show-backtrace", "no", "--error-exitcode", "3",
