@@ -83,11 +83,12 @@ def check_device(device: torch.device) -> None:
         raise ValueError(f"tensors must be on a CUDA device (CPU only with TRITON_INTERPRET=1), got {device}")
 
 
-def check_cache(k_cache, kv_format: str | None) -> str:
-    """k_cache's format (``kv_format`` checked against it, or inferred) after checking its shape."""
+def check_cache(k_cache, kv_format: str | None, sparse: bool = False) -> str:
+    """k_cache's format (``kv_format`` checked against it, or inferred, for a sparse call if ``sparse``) after
+    checking its shape."""
     if not isinstance(k_cache, torch.Tensor):
         raise TypeError(f"k_cache must be a torch.Tensor, got {type(k_cache).__name__}")
-    kv_format = infer_kv_format(k_cache, kv_format)
+    kv_format = infer_kv_format(k_cache, kv_format, sparse)
     if k_cache.dim() != 4 or k_cache.shape[1] != PAGE_SIZE or k_cache.shape[2] != 1:
         raise ValueError(f"k_cache must be [num_pages, {PAGE_SIZE}, 1, row] (page size {PAGE_SIZE}, one KV head), "
                          f"got {list(k_cache.shape)}")
@@ -158,9 +159,7 @@ def _check_sparse_arguments(q, k_cache, indices, topk_length, attn_sink, head_di
     """Every check of check_sparse's; returns (kv_format, softmax_scale)."""
     _check_q(q, head_dim_v)
     b, s_q, h_q, _ = q.shape
-    if not isinstance(k_cache, torch.Tensor):
-        raise TypeError(f"k_cache must be a torch.Tensor, got {type(k_cache).__name__}")
-    kv_format = check_cache(k_cache, infer_kv_format(k_cache, kv_format, sparse=True))
+    kv_format = check_cache(k_cache, kv_format, sparse=True)
     check_tensor("indices", indices, (torch.int32,), dim=3)
     if indices.shape[:2] != (b, s_q) or indices.shape[2] < 1 or not indices.is_contiguous():
         raise ValueError(f"indices must be a contiguous int32 [{b}, {s_q}, topk] tensor (topk >= 1), got shape "
@@ -425,7 +424,7 @@ def check_sparse_data(call: DecodeCall) -> None:
     """The sparse call's opt-in data check (host read-backs): every index counted is -1 or a row of the cache, and
     topk_length is within [0, topk]."""
     indices, topk_length = call.block_table, call.gather.topk_length
-    requests, topk = indices.shape
+    topk = indices.shape[1]
     cache_rows = call.k_cache.shape[0] * PAGE_SIZE
     counted = torch.ones_like(indices, dtype=torch.bool)
     if topk_length is not None:

@@ -125,6 +125,13 @@ def decoder_for(backend: str, kv_format: str, rows: int, gather: bool = False) -
     return decoder
 
 
+def sparse_constexprs(gather) -> dict:
+    """What the kernels specialise on for a call's checks.Gather (None: a dense call): GATHER (its pages gathered
+    through indices), HAS_TOPK_LENGTH, HAS_SINK."""
+    return dict(GATHER=gather is not None, HAS_TOPK_LENGTH=gather is not None and gather.topk_length is not None,
+                HAS_SINK=gather is not None and gather.attn_sink is not None)
+
+
 def partial_dtype(kv_format: str) -> torch.dtype:
     """The dtype of split requests' partial O: bf16 for the FP8 formats (half the traffic of the partial stores and
     the combine's reads, far below their FP8 error), fp32 for bf16 (whose error is at bf16's own rounding)."""

@@ -15,6 +15,7 @@ import triton.language as tl
 
 from .. import runtime
 from ..schedule import combine_plan
+from . import sparse_constexprs
 from .constants import BEGIN_PAGE, BEGIN_REQ, BEGIN_SPLIT, D_LATENT, END_PAGE, END_REQ, METADATA_WIDTH, PAGE_SIZE
 from .launcher import ASK, CachedLauncher
 
@@ -199,7 +200,7 @@ def plan_combine(b: int, s_q: int, h_q: int, parts: int, max_pages: int, device,
     columns; o_part and lse_part have b + parts rows. ``gather``: a sparse call's (checks.Gather): b is then its
     query tokens, s_q 1, and its attention sink (``sink``, a [h_q] fp32 tensor) applies."""
     row_blocks, slices, consts = combine_plan(b, s_q * h_q, parts, runtime.sm_count(device))
-    has_sink = gather is not None and gather.attn_sink is not None
+    has_sink = sparse_constexprs(gather)["HAS_SINK"]
     variant = _launch.variant({**consts, "HAS_SINK": has_sink}, num_warps=4)
     grid = (b, row_blocks, slices)
     q_group = 1 if gather is None else gather.s_q

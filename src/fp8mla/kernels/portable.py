@@ -31,6 +31,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from . import sparse_constexprs
 from .combine import lse_offsets, sink_factor
 from .constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, BF16, D_LATENT, D_QK, D_ROPE, END_PAGE,
                         END_REQ, END_REQ_PAGES, FORMAT_CODE, FP8, FP8_DS_MLA, FP8_MAX, FP8_ROPE_BF16, GROUP, LN2, LOG2E,
@@ -256,9 +257,7 @@ def _plan_portable(call, parts):
     block_m = block_m_for(call.rows)
     grid = (parts, -(-call.rows // block_m))   # (triton.cdiv: ~3-5 us a call on the host)
     variant = _launch.variant(dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != call.out.dtype,
-                                   CAUSAL=call.causal, BLOCK_M=block_m, GATHER=gather is not None,
-                                   HAS_TOPK_LENGTH=gather is not None and gather.topk_length is not None,
-                                   HAS_SINK=gather is not None and gather.attn_sink is not None),
+                                   CAUSAL=call.causal, BLOCK_M=block_m, **sparse_constexprs(gather)),
                               num_warps=8 if block_m == 64 else 4, num_stages=1)
     q_strides = call.q.stride()[:3]
     table = (call.block_table.stride(0), call.max_pages, call.k_cache.shape[0])

@@ -19,8 +19,8 @@ in registers as the Q.K^T wgmma's A operand. The handshakes are handshakes.py's.
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, warpgroup_mma,
-                                                              warpgroup_mma_init, warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgroup_mma, warpgroup_mma_init,
+                                                              warpgroup_mma_wait)
 
 from ..constants import FP8, FP8_ROPE_BF16, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
 from .ablations import SKIP_REFILLS, SKIP_RESCALE
@@ -30,7 +30,7 @@ from .layouts import (BLOCK_M, HALF, LEFT, O_ACC, PV_REGS, RIGHT, ROPE_PV_REGS, 
                       VEC_SMEM, dim_bit as _d, token_bit as _t)
 from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, q_base, quantize_half
 from .ring import (Ring, gather_arrivals, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
-                   open_part, part_start, planned_for, request_range)
+                   open_part, part_start, planned_for, request_range, topk_length_bad)
 from .softmax import (ROW_LANES, key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page,
                       token_scales)
 from .transpose import transpose_next
@@ -124,9 +124,8 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, cache, sparse, scal
                 q_a = q_lat
             limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             bad = not planned_for(part, req, seqlen)   # or, below, a page outside the cache
-            if HAS_TOPK_LENGTH:   # (the gather ring counts only the indices within it)
-                length = gl.load(sparse[1] + req // sparse[0])
-                bad |= (length < 0) | (length > seqlen)
+            if HAS_TOPK_LENGTH:
+                bad |= topk_length_bad(sparse, req, seqlen)
             m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, row_l)
             l_lanes = gl.zeros([BLOCK_M, ROW_LANES], gl.float32, L_LANES)
             v_unit = gl.to_tensor(1.0)  # the V scale O is expressed in (page-local for fp8_rope_bf16)
@@ -137,9 +136,7 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, cache, sparse, scal
             for blk in range(lo, hi):
                 # ---- S = q_lat.k_lat^T * scales + q_rope.k_rope^T for this page ... ----
                 s = it % STAGES
-                ring.wait(it)
-                if GATHER:   # the gather ring's cp.async wrote the page through the generic proxy; wgmma reads async
-                    fence_async_shared()
+                ring.wait(it, GATHER)
                 acc = warpgroup_mma(q_a, ring.lat.index(s).permute((1, 0)),
                                     gl.zeros([BLOCK_M, PAGE_SIZE], gl.float32, S_FP8), use_acc=False, is_async=True)
                 if KV_FORMAT == FP8:  # e4m3 q and cache throughout: one FP8 accumulation, scaled afterwards

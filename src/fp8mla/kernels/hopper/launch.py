@@ -7,6 +7,7 @@ import torch
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ... import formats
+from .. import sparse_constexprs
 from ..constants import FORMAT_CODE, LOG2E
 from ..launcher import CachedLauncher, planned
 from .bf16 import K_BOX, mla_decode_hopper_bf16_kernel
@@ -82,10 +83,8 @@ def fp8_launch(variant, grid, call):
 
 def _fp8_constexprs(call) -> dict:
     """The FP8 kernels' constexprs for a call (its pages from the block table, or a sparse call's gathered)."""
-    gather = call.gather
     return dict(KV_FORMAT=FORMAT_CODE[call.kv_format], Q_FP8=call.q.dtype != torch.bfloat16, CAUSAL=call.causal,
-                GATHER=gather is not None, HAS_TOPK_LENGTH=gather is not None and gather.topk_length is not None,
-                HAS_SINK=gather is not None and gather.attn_sink is not None)
+                **sparse_constexprs(call.gather))
 
 
 def fp8_kernel_constexprs(call, ablate: int = 0) -> dict:

@@ -25,7 +25,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
-from triton.experimental.gluon.language.nvidia.hopper import mbarrier
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from ..constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, D_LATENT, END_PAGE, END_REQ,
                          END_REQ_PAGES, FP8_ROPE_BF16, PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
@@ -171,6 +171,14 @@ def gather_indices(table, sparse, cursor, LAYOUT: gl.constexpr, HAS_TOPK_LENGTH:
 
 
 @gluon.jit
+def topk_length_bad(sparse, req, seqlen):
+    """Whether a sparse call's request (a query token) has its entry's topk_length outside [0, topk] (seqlen): the
+    gather ring counts only the indices within it, and the request is marked."""
+    length = gl.load(sparse[1] + req // sparse[0])
+    return (length < 0) | (length > seqlen)
+
+
+@gluon.jit
 def gather_cursor_start(part, table, sparse, HAS_TOPK_LENGTH: gl.constexpr):
     """load_cursor_start for the gather ring: the cursor and its page's indices. The issuer reads each page's
     indices one load ahead, so that read's latency hides behind a page of work."""
@@ -246,10 +254,14 @@ class Ring:
         return get_flag(self.bad.index(pos % RING))
 
     @gluon.jit
-    def wait(self, pos):
-        """Wait until ring position pos's page is in its slot."""
+    def wait(self, pos, GATHERED: gl.constexpr = False):
+        """Wait until ring position pos's page is in its slot. GATHERED (the gather ring's pages, by a wgmma's
+        reader): cp.async wrote the page through the generic proxy, which a wgmma (async proxy) must be fenced
+        from."""
         RING: gl.constexpr = self.lat.shape[0]
         mbarrier.wait(self.ready.index(pos % RING), (pos // RING) & 1)
+        if GATHERED:
+            fence_async_shared()
 
     @gluon.jit
     def release(self, pos):

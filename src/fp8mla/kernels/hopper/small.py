@@ -18,8 +18,7 @@ import triton
 import triton.language as tl
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma, warpgroup_mma_init,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
 
 from ..constants import FP8, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
 from .epilogue import pv_epilogue_t
@@ -27,7 +26,7 @@ from .handshakes import Handoff, init_barriers
 from .layouts import HALF, LEFT, RIGHT, SCALE_COLS, VEC_SMEM, dim_bit as _d, token_bit as _t
 from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, q_base
 from .ring import (Ring, advance, gather_arrivals, gather_indices, gather_layout, load_cursor_start, load_cursor_step,
-                   open_part, part_start, planned_for, request_range)
+                   open_part, part_start, planned_for, request_range, topk_length_bad)
 from .softmax import key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page_t, token_scales
 from .transpose import transpose_next
 
@@ -91,9 +90,8 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, sparse, q_smem, ring, han
                        Q_AS_IS if Q_FP8 else Q_QUANTIZE), row_l)
             limits = key_limits(seqlen, s_idx, S_Q, CAUSAL)
             bad = not planned_for(part, req, seqlen)   # or, below, a page outside the cache
-            if HAS_TOPK_LENGTH:   # (the gather ring counts only the indices within it)
-                length = gl.load(sparse[1] + req // sparse[0])
-                bad |= (length < 0) | (length > seqlen)
+            if HAS_TOPK_LENGTH:
+                bad |= topk_length_bad(sparse, req, seqlen)
             m_i = gl.full([ROWS], float("-inf"), gl.float32, row_l)
             l_acc = gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST)
             v_unit = gl.to_tensor(1.0)
@@ -102,9 +100,7 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, sparse, q_smem, ring, han
             for blk in range(lo, hi):
                 # ---- S^T = k_lat.q_lat^T * scales + k_rope.q_rope^T for this page ... ----
                 s = it % RING
-                ring.wait(it)
-                if GATHER:   # the gather ring's cp.async wrote the page through the generic proxy; wgmma reads async
-                    fence_async_shared()
+                ring.wait(it, GATHER)
                 acc = warpgroup_mma(ring.lat.index(s), q_lat.permute((1, 0)),
                                     gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST), use_acc=False, is_async=True)
                 if KV_FORMAT == FP8:
