@@ -130,7 +130,7 @@ def test_a_schedule_object_is_planned_once_per_batch_configuration(call, device,
 
     plans = []
     real = api.get_mla_metadata
-    monkeypatch.setattr(api, "get_mla_metadata", lambda *args: plans.append(args[1:]) or real(*args))
+    monkeypatch.setattr(api, "get_mla_metadata", lambda *args, **kw: plans.append(args[1:]) or real(*args, **kw))
     schedule, none = get_mla_metadata()
     base = {**call.base, "tile_scheduler_metadata": schedule, "num_splits": none}
     out, _ = flash_mla_with_kvcache(**base)

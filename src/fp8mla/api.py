@@ -37,13 +37,14 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_q_tokens_per
     return kernels.lazy("planner").launch_plan(cache_seqlens, num_q_tokens_per_head_k, num_parts, signature)
 
 
-def _planned(call: checks.DecodeCall) -> checks.DecodeCall:
-    """The call with its MLASchedule planned (kept while the batch's configuration holds)."""
+def _planned(call: checks.DecodeCall, decoder: kernels.Decoder) -> checks.DecodeCall:
+    """The call with its MLASchedule planned for its decoder (kept while the batch's configuration holds)."""
     schedule = call.meta
     config = (call.cache_seqlens.shape[0], call.rows, call.q.device,
-              None if call.gather is None else call.block_table.shape[1])
+              None if call.gather is None else call.block_table.shape[1], decoder)
     if schedule.config != config:
-        schedule.tile_scheduler_metadata, schedule.num_splits = get_mla_metadata(call.cache_seqlens, call.rows, 1)
+        schedule.tile_scheduler_metadata, schedule.num_splits = get_mla_metadata(
+            call.cache_seqlens, call.rows, 1, num_parts=kernels.schedule_parts(decoder, call.q.device, call.rows))
         schedule.config = config
     return call._replace(meta=schedule.tile_scheduler_metadata, num_splits=schedule.num_splits)
 
@@ -105,7 +106,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     if call.cache_seqlens.shape[0] == 0:   # (no requests: b, or b * s_q for a sparse call)
         return call.out, call.lse
     if call.num_splits is None:
-        call = _planned(call)
+        call = _planned(call, decoder)
     if validate and not (q.device.type == "cuda" and torch.cuda.is_current_stream_capturing()):
         if call.gather is None:
             checks.check_indices(call)

@@ -16,8 +16,8 @@ Q_KINDS = ["fp8_rope_bf16", "fp8", "fp8, fp8 q"]   # a cache format, and the q t
 SMALL_VARIANTS = [f"hopper_small{rows}[{kind}]" for rows in (16, 32) for kind in Q_KINDS]
 FP8_VARIANTS = [f"hopper[{kind}]" for kind in Q_KINDS]
 VARIANTS = ["hopper[bf16]"] + FP8_VARIANTS
-SPARSE_VARIANTS = ["hopper_sparse[fp8_rope_bf16]", "hopper_small_sparse16[fp8_rope_bf16]",
-                   "hopper_small_sparse32[fp8_rope_bf16]"]
+SPARSE_VARIANTS = ["hopper_sparse[fp8_rope_bf16]"] + [f"hopper_small_sparse{rows}[{f}]" for rows in (16, 32)
+                                                       for f in ("fp8_rope_bf16", "fp8_ds_mla")]
 
 
 def test_sass_variants_cover_the_supported_formats(hopper_sass):
@@ -31,6 +31,26 @@ def test_sass_gather_ring_copies_rows(hopper_sass, variant):
     r = hopper_sass[variant]
     assert r["QGMMA"] >= 18 and r["HGMMA"] >= 4, r
     assert r["LDGSTS"] > 0 and r["UTMALDG"] == 0, r
+
+
+@pytest.mark.parametrize("rows", [16, 32])
+def test_sass_group_descales_keep_the_fp8_products(hopper_sass, rows):
+    """fp8_ds_mla's descale a latent group: Q.K^T as four group products and P.V as two a warpgroup, the same
+    FP8 wgmmas as one descale a row, in as many instructions (but for q's second part at 16 rows)."""
+    one = hopper_sass[f"hopper_small_sparse{rows}[fp8_rope_bf16]"]
+    four = hopper_sass[f"hopper_small_sparse{rows}[fp8_ds_mla]"]
+    q_lo = 16 if rows == 16 else 0   # (test_sass_sparse_16_rows_take_q_in_two_parts)
+    assert four["QGMMA"] == one["QGMMA"] + q_lo and four["HGMMA"] == one["HGMMA"], four
+    assert four["wgmma_shapes"] == one["wgmma_shapes"], four
+
+
+def test_sass_sparse_16_rows_take_q_in_two_parts(hopper_sass):
+    """The sparse call's 16-row kernel on the fp8_ds_mla reading multiplies K by q's two e4m3 parts: 16 more k32
+    wgmmas a page (512 latent dims) than the 32-row kernel, which has no room for the second part, and than the
+    fp8_rope_bf16 reading."""
+    r16, r32 = hopper_sass["hopper_small_sparse16[fp8_ds_mla]"], hopper_sass["hopper_small_sparse32[fp8_ds_mla]"]
+    assert r16["QGMMA"] == r32["QGMMA"] + 16, (r16, r32)
+    assert r16["QGMMA"] == hopper_sass["hopper_small_sparse16[fp8_rope_bf16]"]["QGMMA"] + 16, r16
 
 
 @pytest.mark.parametrize("variant", SMALL_VARIANTS)

@@ -91,12 +91,17 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, monkeypatch, kv_format, q_fp8
     assert q is x["q"] and descale_q is (x["descale_q"] if q_fp8 else p.cache_seqlens)
 
 
-@pytest.mark.parametrize("h_q,kernel", [(64, "hopper"), (16, "hopper_small")])
+@pytest.mark.parametrize("kv_format,h_q,kernel,decoder_name,grid_y",
+                         [("fp8_rope_bf16", 64, "hopper", "hopper_sparse", 1),
+                          ("fp8_rope_bf16", 16, "hopper_small", "hopper_small_sparse", 1),
+                          ("fp8_ds_mla", 16, "hopper_small", "hopper_small_sparse", 1),
+                          ("fp8_ds_mla", 64, "hopper_small", "hopper_small_sparse_wide", 2)])
 @pytest.mark.parametrize("topk_length,sink", [(False, False), (True, True)])
-def test_sparse_call_reaches_the_gather_ring(launches, topk_length, sink, h_q, kernel):
-    """A sparse call on the fp8_rope_bf16 reading: fp8.py's kernel (64 heads) or small.py's (16) with GATHER, its
-    requests the query tokens (Q_GROUP s_q of them an entry), its block table the indices, each topk long (pages of
-    64 indices)."""
+def test_sparse_call_reaches_the_gather_ring(launches, topk_length, sink, kv_format, h_q, kernel, decoder_name,
+                                             grid_y):
+    """A sparse call: on the fp8_rope_bf16 reading fp8.py's kernel (64 heads) or small.py's (16), on fp8_ds_mla's
+    small.py's (at most 32 heads a CTA), with GATHER, its requests the query tokens (Q_GROUP s_q of them an entry),
+    its block table the indices, each topk long (pages of 64 indices)."""
     from fp8mla.checks import check_sparse
     from fp8mla.inputs import make_sparse_problem
     from fp8mla.schedule import MLASchedule
@@ -105,25 +110,24 @@ def test_sparse_call_reaches_the_gather_ring(launches, topk_length, sink, h_q, k
     cache = sp.quantized("fp8_rope_bf16")["k_cache"]
     lengths, sinks = (sp.topk_length if topk_length else None), (sp.attn_sink if sink else None)
     call = check_sparse(sp.q, cache, sp.indices, lengths, sinks, 512, MLASchedule(), None, None, False, None, None,
-                        "fp8_rope_bf16", None, None)
+                        kv_format, None, None)
     meta, splits = get_mla_metadata(call.cache_seqlens, h_q, 1)
     call = call._replace(meta=meta, num_splits=splits)
-    decoder = decoder_for("hopper", "fp8_rope_bf16", h_q, gather=True)
-    assert decoder.name == ("hopper_sparse" if h_q > 32 else "hopper_small_sparse")
+    decoder = decoder_for("hopper", kv_format, h_q, gather=True)
+    assert decoder.name == decoder_name
     o_part, lse_part = torch.empty(b * s_q + meta.shape[0], h_q, 512), torch.empty(b * s_q + meta.shape[0], h_q)
     LAUNCH[decoder.name](call, o_part, lse_part, None)
     ((name, grid, args, constexprs, options),) = launches
-    assert name == kernel and grid == (meta.shape[0], 1)
-    assert constexprs == dict(KV_FORMAT=FORMAT_CODE["fp8_rope_bf16"], Q_FP8=False, CAUSAL=False, GATHER=True,
+    assert name == kernel and grid == (meta.shape[0], grid_y)
+    assert constexprs == dict(KV_FORMAT=FORMAT_CODE[kv_format], Q_FP8=False, CAUSAL=False, GATHER=True,
                               HAS_TOPK_LENGTH=topk_length, HAS_SINK=sink,
-                              **(dict(ABLATE=0) if kernel == "hopper" else dict(ROWS=16)))
+                              **(dict(ABLATE=0) if kernel == "hopper" else dict(ROWS=min(h_q, 32))))
     assert args[7].data_ptr() == sp.indices.data_ptr() and args[8:11] == (topk, 3, cache.shape[0])
     assert (args[14], args[23:26]) == (b * s_q, (h_q, 1, h_q))   # requests: query tokens, of h_q rows each
     assert args[26] is cache and args[27] == s_q
     assert (args[28] is sp.topk_length) == topk_length and (args[29] is sp.attn_sink) == sink
-    assert decoder_for("hopper", "fp8_rope_bf16", 16, gather=True).name == "hopper_small_sparse"
-    with pytest.raises(ValueError, match="no 'hopper' kernel takes a sparse call"):   # four descales: portable's
-        decoder_for("hopper", "fp8_ds_mla", 64, gather=True)
+    with pytest.raises(ValueError, match="no 'hopper' kernel takes a 'fp8_ds_mla' cache"):   # the dense call
+        decoder_for("hopper", "fp8_ds_mla", 64)
 
 
 @pytest.mark.parametrize("s_q,h_q,rows", [(1, 16, 16), (2, 16, 32), (3, 8, 32), (1, 32, 32)])
@@ -140,3 +144,16 @@ def test_few_query_rows_reach_the_small_rows_kernel(launches, kv_format, q_fp8, 
 def test_more_query_rows_stay_on_the_64_row_kernel(launches):
     launch("fp8", True, s_q=3, h_q=16)   # 48 rows
     assert [c[0] for c in launches] == ["hopper"]
+
+
+def test_wide_group_descale_calls_cut_a_part_per_row_block_of_32():
+    """hopper_small_sparse_wide takes 32 of a token's rows a CTA: its lazily planned schedule has a part per SM and
+    32-row block, so that a part's row blocks run in one wave (sharing its gathered rows through L2); the other
+    decoders keep the default cut (None)."""
+    from fp8mla.kernels import schedule_parts
+    from fp8mla.runtime import sm_count
+    cpu = torch.device("cpu")
+    wide = decoder_for("hopper", "fp8_ds_mla", 128, gather=True)
+    assert wide.name == "hopper_small_sparse_wide" and schedule_parts(wide, cpu, 128) == sm_count(cpu) // 4
+    assert schedule_parts(decoder_for("hopper", "fp8_rope_bf16", 128, gather=True), cpu, 128) is None
+    assert schedule_parts(decoder_for("hopper", "fp8_ds_mla", 32, gather=True), cpu, 32) is None

@@ -8,7 +8,9 @@
   hopper         Gluon sm_90a, the FP8 caches, 64 query rows a CTA
   hopper_sparse  hopper's kernel on the sparse call's gather ring (cp.async of each index's row), read with one
                  descale a row ("fp8_rope_bf16": fp8mla's writer's caches), at least 33 query rows (h_q)
-  hopper_small_sparse   hopper_small's kernel on the gather ring (its load warp gathers), at most 32 query rows
+  hopper_small_sparse   hopper_small's kernel on the gather ring (its load warp gathers), at most 32 query rows;
+                 "fp8_ds_mla" too (a descale per 128 latent dims: a Q.K^T and a P a group)
+  hopper_small_sparse_wide   hopper_small_sparse's kernel on "fp8_ds_mla" with more rows, 32 a CTA
   portable       plain Triton (any GPU with FP8 tensor cores, and the CPU interpreter), every format, dense and
                  sparse (its pages gathered row by row through ``indices``)
 
@@ -27,10 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from ..formats import D_LATENT, KV_FORMATS
+from .. import runtime
 from ..runtime import capability, device_index, interpreter_active
+from ..schedule import ROWS_PER_BLOCK, num_sm_parts
 
 BACKENDS = ("portable", "hopper")
-FP8_FORMATS = ("fp8", "fp8_rope_bf16")   # the Hopper FP8 kernels'; fp8_ds_mla (a descale per 128 dims) is portable's
+FP8_FORMATS = ("fp8", "fp8_rope_bf16")   # the Hopper FP8 kernels' (fp8_ds_mla: the sparse call's alone)
 HOPPER_FORMATS = ("bf16", *FP8_FORMATS)   # the formats the hopper backend takes
 SMALL_ROWS = 32   # hopper_small's largest N
 
@@ -43,14 +47,16 @@ class Decoder:
     min_rows: int              # query rows per request (s_q * h_q) it takes
     max_rows: int | None
     calls: tuple[str, ...] = ("dense",)   # "dense" (a block table), "sparse" (indices: rows gathered one by one)
+    cta_rows: int = ROWS_PER_BLOCK   # query rows a CTA takes, at most (the schedule's parts: SMs / row blocks)
 
 
 DECODERS = (
     Decoder("hopper_bf16", "hopper", ("bf16",), 1, None),
     Decoder("hopper_small", "hopper", FP8_FORMATS, 1, SMALL_ROWS),
     Decoder("hopper", "hopper", FP8_FORMATS, SMALL_ROWS + 1, None),
-    Decoder("hopper_small_sparse", "hopper", ("fp8_rope_bf16",), 1, SMALL_ROWS, ("sparse",)),
+    Decoder("hopper_small_sparse", "hopper", ("fp8_rope_bf16", "fp8_ds_mla"), 1, SMALL_ROWS, ("sparse",)),
     Decoder("hopper_sparse", "hopper", ("fp8_rope_bf16",), SMALL_ROWS + 1, None, ("sparse",)),
+    Decoder("hopper_small_sparse_wide", "hopper", ("fp8_ds_mla",), SMALL_ROWS + 1, None, ("sparse",), SMALL_ROWS),
     Decoder("portable", "portable", KV_FORMATS, 1, None, ("dense", "sparse")),
 )
 
@@ -123,6 +129,16 @@ def decoder_for(backend: str, kv_format: str, rows: int, gather: bool = False) -
         raise ValueError(f"no {backend!r} kernel takes a {'sparse call on a ' if gather else ''}{kv_format!r} cache "
                          f"with {rows} query rows")
     return decoder
+
+
+def schedule_parts(decoder: Decoder, device: torch.device, rows: int) -> int | None:
+    """The parts a lazily planned schedule (MLASchedule) cuts for ``decoder``: one per SM and row block of its
+    cta_rows, so that the row blocks of a part run in one wave and share its pages through L2 (None: the default,
+    ROWS_PER_BLOCK's)."""
+    if decoder.cta_rows == ROWS_PER_BLOCK:
+        return None
+    parts = max(runtime.sm_count(device) // -(-rows // decoder.cta_rows), 1)
+    return None if parts == num_sm_parts(device, rows) else parts
 
 
 def sparse_constexprs(gather) -> dict:

@@ -201,12 +201,13 @@ def hopper_reports(ablate: int = 0) -> list[SassReport]:
                              {**constexprs, "ROWS": rows, **dense_small}, gluon=True, divisible=TYPICAL_DIVISIBLE,
                              num_warps=4)
             reports.append(sass_report(k, f"hopper_small{rows}[{fmt}{q_kind}]"))
-            if fmt == "fp8_rope_bf16":   # the sparse call's gather ring (hopper_small_sparse)
+            if fmt == "fp8_rope_bf16":   # the sparse call's gather ring (hopper_small_sparse), both readings
                 sparse = dict(GATHER=True, HAS_TOPK_LENGTH=True, HAS_SINK=True)
-                k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", Q_GROUP="i32", **types),
-                                 {**constexprs, "CAUSAL": False, "ROWS": rows, **sparse}, gluon=True,
-                                 divisible=TYPICAL_DIVISIBLE, num_warps=4)
-                reports.append(sass_report(k, f"hopper_small_sparse{rows}[{fmt}]"))
+                for reading in ("fp8_rope_bf16", "fp8_ds_mla"):
+                    k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", Q_GROUP="i32", **types),
+                                     {**constexprs, "KV_FORMAT": FORMAT_CODE[reading], "CAUSAL": False,
+                                      "ROWS": rows, **sparse}, gluon=True, divisible=TYPICAL_DIVISIBLE, num_warps=4)
+                    reports.append(sass_report(k, f"hopper_small_sparse{rows}[{reading}]"))
     return reports
 
 

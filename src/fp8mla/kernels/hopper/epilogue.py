@@ -68,21 +68,25 @@ def _store_group(out_row, part_row, direct, g, col0: gl.constexpr, norm, ok, VT_
 
 @gluon.jit
 def pv_epilogue_t(o, req, begin_req, R, sched, outs, hand, n_req, WG: gl.constexpr):
-    """small.py: this warpgroup's O^T [256 dims, ROWS] times the request's O scale, to out or to its partial slot.
-    O^T row n holds V dim WG * 256 + the transposes' d(n) (transpose._transpose_chunk)."""
+    """small.py: this warpgroup's O^T [256 dims, ROWS] (a tuple of pieces, each its next rows) times the request's O
+    scale, to out or to its partial slot. O^T row n holds V dim WG * 256 + the transposes' d(n)
+    (transpose._transpose_chunk)."""
     out_ptr, o_part_ptr = outs
-    ROWS: gl.constexpr = o.shape[1]
-    OT: gl.constexpr = o.type.layout
+    ROWS: gl.constexpr = o[0].shape[1]
+    M: gl.constexpr = o[0].shape[0]
+    OT: gl.constexpr = o[0].type.layout
     norm = hand.take_norm(n_req, gl.SliceLayout(0, OT))
     direct, split, owned = split_slot(sched, req, begin_req)
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(0, OT))
-    n = gl.arange(0, HALF, gl.SliceLayout(1, OT))
-    c = n % V_CHUNK
-    dim = WG * HALF + (n - c) + ((c & 0xE0) | ((c & 7) << 2) | ((c >> 3) & 3))
-    o = o * norm[None, :]
     ok = ((rows < R) & owned)[None, :]
-    if direct:
-        gl.store(out_ptr + (req * R + rows).to(gl.int64)[None, :] * D_LATENT + dim[:, None], o.to(gl.bfloat16),
-                 mask=ok)
-    else:
-        gl.store(o_part_ptr + (split.to(gl.int64) * R + rows)[None, :] * D_LATENT + dim[:, None], o, mask=ok)
+    for i in gl.static_range(len(o)):
+        n = i * M + gl.arange(0, M, gl.SliceLayout(1, OT))
+        c = n % V_CHUNK
+        dim = WG * HALF + (n - c) + ((c & 0xE0) | ((c & 7) << 2) | ((c >> 3) & 3))
+        piece = o[i] * norm[None, :]
+        if direct:
+            gl.store(out_ptr + (req * R + rows).to(gl.int64)[None, :] * D_LATENT + dim[:, None],
+                     piece.to(gl.bfloat16), mask=ok)
+        else:
+            gl.store(o_part_ptr + (split.to(gl.int64) * R + rows)[None, :] * D_LATENT + dim[:, None], piece,
+                     mask=ok)

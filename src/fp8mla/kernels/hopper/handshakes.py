@@ -56,15 +56,19 @@ class Handoff:
         self.epi_free = epi_free
 
     @gluon.jit
-    def put_p(self, p, alpha, pt, TOKEN_AXIS: gl.constexpr):
+    def put_p(self, p, group_units, alpha, pt, TOKEN_AXIS: gl.constexpr):
         """P position pt's P (to e4m3) and alpha into buffer pt % 2, once the PV warpgroups are done with what was
-        there. TOKEN_AXIS: p's token axis (1; 0 for the small-rows kernel's P^T): P is stored [rows, tokens]."""
+        there. group_units: () or fp8_ds_mla's token scales of each latent group (a tuple of p_groups), for a P a
+        group, p times them (buffer b's group g is self.p[b * p_groups + g]), made one at a time (all at once,
+        32 rows' spill). TOKEN_AXIS: p's token axis (1; 0 for the small-rows kernel's P^T): P is stored [rows,
+        tokens]."""
         pb = pt % P_BUFFERS
         mbarrier.wait(self.p_free.index(pb), ((pt // P_BUFFERS) & 1) ^ 1)
-        p = p.to(gl.float8e4nv)
-        if TOKEN_AXIS == 0:
-            p = gl.permute(p, (1, 0))
-        self.p.index(pb).store(p)
+        if len(group_units) == 0:
+            self.p.index(pb).store(_p_tile(p, TOKEN_AXIS))
+        for g in gl.static_range(len(group_units)):
+            self.p.index(pb * len(group_units) + g).store(
+                _p_tile(p * gl.expand_dims(group_units[g], 1 - TOKEN_AXIS), TOKEN_AXIS))
         self.alpha.index(pb).store(alpha)
         fence_async_shared()
         mbarrier.arrive(self.p_ready.index(pb))
@@ -88,6 +92,15 @@ class Handoff:
         norm = self.norm.load(layout)
         mbarrier.arrive(self.epi_free)
         return norm
+
+
+@gluon.jit
+def _p_tile(p, TOKEN_AXIS: gl.constexpr):
+    """p as e4m3, [rows, tokens]."""
+    p = p.to(gl.float8e4nv)
+    if TOKEN_AXIS == 0:
+        p = gl.permute(p, (1, 0))
+    return p
 
 
 @gluon.jit

@@ -35,7 +35,7 @@ def cache_descriptors(k_cache: torch.Tensor, kv_format: str):
             scale = None
             lat_layout, rope_layout = LAT_BF16_SMEM, ROPE_BF16_SMEM
             lat_cols = K_BOX.value   # loaded box by box (bf16._load_page)
-        elif kv_format == "fp8_rope_bf16":
+        elif kv_format in formats.TOKEN_SCALED:   # (fp8_ds_mla's are only the gather ring's q_rope type)
             row = k_cache.view(rows, formats.ROW_BYTES)
             lat = row.view(torch.float8_e4m3fn)[:, :formats.D_LATENT]
             rope = row.view(torch.bfloat16)[:, formats.ROPE_OFFSET // 2:formats.ROW_BYTES // 2]
@@ -99,9 +99,11 @@ def _plan_fp8(call, parts, ablate):
 
 
 def _plan_small(call, parts):
-    """small.py's kernel: the call's (at most 32) query rows in one CTA per part, as the wgmma's N."""
-    variant = _launch_small.variant({**_fp8_constexprs(call), "ROWS": rows_per_cta(call.rows)}, num_warps=4)
-    return fp8_launch(variant, (parts, 1), call)
+    """small.py's kernel: the call's query rows as the wgmma's N, 16 or 32 a CTA (more than 32: sparse
+    fp8_ds_mla's, hopper_small_sparse_wide)."""
+    rows = rows_per_cta(call.rows)
+    variant = _launch_small.variant({**_fp8_constexprs(call), "ROWS": rows}, num_warps=4)
+    return fp8_launch(variant, (parts, -(-call.rows // rows)), call)
 
 
 def _plan_bf16(call, parts, ablate):
@@ -135,4 +137,4 @@ def launch_bf16(call, o_part, lse_part, site):
 
 
 LAUNCH = {"hopper": launch_fp8, "hopper_sparse": launch_fp8, "hopper_small": launch_small,
-          "hopper_small_sparse": launch_small, "hopper_bf16": launch_bf16}
+          "hopper_small_sparse": launch_small, "hopper_small_sparse_wide": launch_small, "hopper_bf16": launch_bf16}

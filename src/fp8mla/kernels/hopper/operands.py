@@ -3,12 +3,13 @@
 A request's query rows are q's ``s_q * h_q`` rows (row r = s * h_q + h); ``q_rows`` stands for where a CTA's block
 of them is: (the request's q pointer, stride of s, stride of h, h_q, s_q * h_q); rows past s_q * h_q are zeros.
 """
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared
 
-from ..constants import D_LATENT, D_ROPE, FP8_MAX, FP8_ROPE_BF16, PAGE_SIZE
+from ..constants import D_LATENT, D_ROPE, FP8_DS_MLA, FP8_MAX, FP8_ROPE_BF16, GROUPS, PAGE_SIZE
 from ..triton_compat import cp_async_load, reinterpret
 from .layouts import HALF, LAT_SMEM, P_SMEM, Q_CHUNK, Q_LOAD, SCALE_COLS, SCALE_SMEM, VEC_SMEM, VT_SMEM
 
@@ -17,22 +18,28 @@ Q_AS_IS = gl.constexpr(0)      # q in q_lat's dtype (an e4m3 q in the FP8 kernel
 Q_QUANTIZE = gl.constexpr(1)   # a bf16 q in the FP8 kernels: quantized (fp8.py's by quantize_half)
 
 
+@triton.constexpr_function
+def p_groups(kv_format):
+    """P tiles a page: fp8_ds_mla's P.V takes one a latent group (P times that group's token scales), else one."""
+    return GROUPS.value if kv_format == FP8_DS_MLA else 1
+
+
 @gluon.jit
 def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORMAT: gl.constexpr):
     """Shared memory of the FP8 kernels' operands: q (latent e4m3; RoPE e4m3 with the fp8 cache, bf16 with
     fp8_rope_bf16), a ring of RING pages (latent, RoPE, fp8_rope_bf16's token scales), V^T (2 halves x 2 pages),
-    and the softmax warpgroup's hand-offs: P as [rows, tokens] and the rows' rescale factors (2 pages), the rows'
-    O scale. Unused operands alias a used one."""
+    and the softmax warpgroup's hand-offs: P as [rows, tokens] (p_groups a page) and the rows' rescale factors (2
+    pages), the rows' O scale. Unused operands alias a used one."""
     q_lat = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_LATENT], LAT_SMEM)
     q_rope = gl.allocate_shared_memory(rope_desc.dtype, [ROWS, D_ROPE], rope_desc.layout)
     k_lat = gl.allocate_shared_memory(gl.float8e4nv, [RING, PAGE_SIZE, D_LATENT], LAT_SMEM)
     k_rope = gl.allocate_shared_memory(rope_desc.dtype, [RING, PAGE_SIZE, D_ROPE], rope_desc.layout)
-    if KV_FORMAT == FP8_ROPE_BF16:
+    if KV_FORMAT >= FP8_ROPE_BF16:
         k_scale = gl.allocate_shared_memory(gl.float32, [RING, PAGE_SIZE, SCALE_COLS], SCALE_SMEM)
     else:
         k_scale = k_rope
     vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)
-    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, ROWS, PAGE_SIZE], P_SMEM)
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * p_groups(KV_FORMAT), ROWS, PAGE_SIZE], P_SMEM)
     alpha_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], VEC_SMEM)
     norm_smem = gl.allocate_shared_memory(gl.float32, [ROWS], VEC_SMEM)
     return q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem
@@ -51,20 +58,22 @@ def q_base(query, req, sparse, GATHER: gl.constexpr):
 
 
 @gluon.jit
-def load_q(q_rows, q_lat, q_rope, SOURCE: gl.constexpr):
+def load_q(q_rows, q_lat, q_rope, SOURCE: gl.constexpr, q_lo=None):
     """One request's query rows (as many as q_lat has) into shared memory; returns each row's descale (1 for
     Q_AS_IS).
 
     SOURCE: Q_AS_IS or Q_QUANTIZE (each row to e4m3 with a scale per row, amax / 448: the latent part, and the
     RoPE part too where q_rope is e4m3; at most 32 rows, the small-rows kernel's: the 64-row kernel's PV
-    warpgroups quantize its rows, half each, by quantize_half).
+    warpgroups quantize its rows, half each, by quantize_half). With q_lo, Q_QUANTIZE also stores the latent
+    part's rounding error in the same unit, as e4m3 (q = (hi + lo) * descale to ~7 bits, not e4m3's 4: a second
+    FP8 product with the same K adds it).
     This code is on the critical path of every request's start: Q_QUANTIZE reads the tile once, whole; Q_AS_IS is
     copied by cp.async, every copy issued before the one wait (one trip to memory, no registers held).
     """
     ROWS: gl.constexpr = q_lat.shape[0]
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
     if SOURCE == Q_QUANTIZE:
-        descale = _quantize_rows(q_rows, rows, q_lat, q_rope)
+        descale = _quantize_rows(q_rows, rows, q_lat, q_rope, q_lo)
     else:
         descale = gl.full([ROWS], 1.0, gl.float32, gl.SliceLayout(1, Q_LOAD))
         # q_lat as its column chunks (a swizzled tile is stored swizzle-width column block by block, so chunk c is
@@ -95,9 +104,9 @@ def quantize_half(q_rows, q_lat, q_rope, descale_smem, WG: gl.constexpr):
 
 
 @gluon.jit
-def _quantize_rows(q_rows, rows, q_lat, q_rope):
+def _quantize_rows(q_rows, rows, q_lat, q_rope, q_lo=None):
     """Q_QUANTIZE of the request's query rows ``rows`` (at most 32: at most 128 latent values a thread, read once,
-    whole) into q_lat and q_rope; returns their descales."""
+    whole) into q_lat and q_rope (and the latent part's rounding error into q_lo); returns their descales."""
     q_ptr, stride_qs, stride_qh, H, R = q_rows
     row_ptr = (q_ptr + (rows // H) * stride_qs + (rows % H) * stride_qh)[:, None]
     ok = (rows < R)[:, None]
@@ -109,7 +118,11 @@ def _quantize_rows(q_rows, rows, q_lat, q_rope):
         x_rope = gl.load(rope_ptr, mask=ok, other=0.0)
         amax = gl.maximum(amax, gl.max(gl.abs(x_rope.to(gl.float32)), axis=1))
     descale = gl.where(amax > 0, amax / FP8_MAX, 1.0)   # (1 for a row of zeros)
-    q_lat.store((x.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
+    y = x.to(gl.float32) * (1.0 / descale)[:, None]
+    hi = y.to(gl.float8e4nv)
+    q_lat.store(hi)
+    if q_lo is not None:
+        q_lo.store((y - hi.to(gl.float32)).to(gl.float8e4nv))
     if ROPE_FP8:
         q_rope.store((x_rope.to(gl.float32) * (1.0 / descale)[:, None]).to(gl.float8e4nv))
     else:

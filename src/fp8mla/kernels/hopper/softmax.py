@@ -12,7 +12,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..constants import FP8, FP8_ROPE_BF16, LN2, PAGE_SIZE
+from ..constants import FP8, FP8_DS_MLA, FP8_ROPE_BF16, GROUPS, LN2, PAGE_SIZE
 from ..triton_compat import barrier
 from .ablations import SKIP_SOFTMAX
 from .ring import split_slot
@@ -45,16 +45,48 @@ def score_scale_log2(sm_scale_log2, descale_q_ptr, descale_k_ptr, KV_FORMAT: gl.
 @gluon.jit
 def token_scales(scale_tile, blk, seqlen, LOAD: gl.constexpr, TOK: gl.constexpr, KV_FORMAT: gl.constexpr):
     """fp8_rope_bf16: page blk's per-token scales (column 0 of its [64, SCALE_COLS] tile), read with LOAD straight
-    into TOK, the scores' token layout; 0 past the sequence's end, whose slots may hold NaN. Other formats: 1."""
-    if KV_FORMAT == FP8_ROPE_BF16:
-        x = scale_tile.load(LOAD).reshape([PAGE_SIZE, 2, 2])
-        k_scale = gl.convert_layout(gl.split(gl.split(x)[0])[0], TOK, assert_trivial=True)
-        if (blk + 1) * PAGE_SIZE > seqlen:
-            tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, TOK)
-            k_scale = gl.where(tok < seqlen, k_scale, 0.0)
+    into TOK, the scores' token layout; 0 past the sequence's end, whose slots may hold NaN. fp8_ds_mla: the four
+    columns, a scale per latent group (a tuple, in group order). Other formats: 1."""
+    if KV_FORMAT >= FP8_ROPE_BF16:
+        even, odd = gl.split(scale_tile.load(LOAD).reshape([PAGE_SIZE, 2, 2]))   # columns (0, 2), (1, 3)
+        c0, c2 = gl.split(even)
+        k_scale = _in_sequence(gl.convert_layout(c0, TOK, assert_trivial=True), blk, seqlen)
+        if KV_FORMAT == FP8_DS_MLA:
+            c1, c3 = gl.split(odd)
+            k_scale = (k_scale, _in_sequence(gl.convert_layout(c1, TOK, assert_trivial=True), blk, seqlen),
+                       _in_sequence(gl.convert_layout(c2, TOK, assert_trivial=True), blk, seqlen),
+                       _in_sequence(gl.convert_layout(c3, TOK, assert_trivial=True), blk, seqlen))
     else:
         k_scale = gl.full([PAGE_SIZE], 1.0, gl.float32, TOK)
     return k_scale
+
+
+@gluon.jit
+def _in_sequence(k_scale, blk, seqlen):
+    """Page blk's token scales, 0 past the sequence's end."""
+    if (blk + 1) * PAGE_SIZE > seqlen:
+        tok = blk * PAGE_SIZE + gl.arange(0, PAGE_SIZE, k_scale.type.layout)
+        k_scale = gl.where(tok < seqlen, k_scale, 0.0)
+    return k_scale
+
+
+@gluon.jit
+def no_scales(TOK: gl.constexpr, KV_FORMAT: gl.constexpr):
+    """token_scales' form, all 1 (a request's first page's "page before")."""
+    ones = gl.full([PAGE_SIZE], 1.0, gl.float32, TOK)
+    if KV_FORMAT == FP8_DS_MLA:
+        return (ones, ones, ones, ones)
+    else:
+        return ones
+
+
+@gluon.jit
+def largest_scale(k_scale, KV_FORMAT: gl.constexpr):
+    """Each token's largest scale (token_scales'; fp8_ds_mla: over its four groups)."""
+    if KV_FORMAT == FP8_DS_MLA:
+        return gl.maximum(gl.maximum(k_scale[0], k_scale[1]), gl.maximum(k_scale[2], k_scale[3]))
+    else:
+        return k_scale
 
 
 @gluon.jit
@@ -102,14 +134,20 @@ def online_softmax(sc, blk, limits, m_i, l_i, sm_scale_log2, P_LOG2: gl.constexp
 def hand_p(hand, p, alpha, k_scale, scale_max, v_unit, pt, TOKEN_AXIS: gl.constexpr, KV_FORMAT: gl.constexpr):
     """A page's P, as e4m3, and the rows' rescale factor to the PV warpgroups (P position pt); returns the V unit
     the page's P is in. p comes in units of 1 / 448; for fp8_rope_bf16 it is times each token's V scale in units of
-    the page's largest scale (scale_max), so e4m3 keeps its whole range; fp8 has one unit throughout."""
-    if KV_FORMAT == FP8_ROPE_BF16:
+    the page's largest scale (scale_max), so e4m3 keeps its whole range; fp8 has one unit throughout. fp8_ds_mla
+    hands a P a latent group, each times its group's token scales in that unit."""
+    group_units = ()
+    if KV_FORMAT >= FP8_ROPE_BF16:
         page_unit = gl.maximum(scale_max, 1e-30)
-        p = p * gl.expand_dims(k_scale * (1.0 / page_unit), 1 - TOKEN_AXIS)
+        if KV_FORMAT == FP8_DS_MLA:
+            group_units = (k_scale[0] * (1.0 / page_unit), k_scale[1] * (1.0 / page_unit),
+                           k_scale[2] * (1.0 / page_unit), k_scale[3] * (1.0 / page_unit))
+        else:
+            p = p * gl.expand_dims(k_scale * (1.0 / page_unit), 1 - TOKEN_AXIS)
     else:
         page_unit = v_unit
     alpha = alpha * (v_unit / page_unit)
-    hand.put_p(p, alpha, pt, TOKEN_AXIS)
+    hand.put_p(p, group_units, alpha, pt, TOKEN_AXIS)
     return page_unit
 
 
@@ -167,18 +205,19 @@ def warp_rows_layout(rows):
 
 @gluon.jit
 def page_max_t(sc, k_scale, red, red_scale, pt, KV_FORMAT: gl.constexpr):
-    """(each query row's max score, the largest token scale) of the page of S^T. Tokens span the four warps: each
+    """(each query row's max score, the largest token scale, fp8_ds_mla's over the groups) of the page of S^T. Tokens span the four warps: each
     warp reduces its 16, and the warps meet in shared memory at one barrier (double-buffered by page, so a warp a
     page ahead cannot overwrite what another still reads)."""
     ROWS: gl.constexpr = sc.shape[1]
     buf = red.index(pt % 2)
     buf.store(gl.max(gl.reshape(sc, [4, PAGE_SIZE // 4, ROWS]), axis=1))
-    if KV_FORMAT == FP8_ROPE_BF16:
-        red_scale.index(pt % 2).store(gl.max(gl.reshape(k_scale, [4, PAGE_SIZE // 4]), axis=1))
+    if KV_FORMAT >= FP8_ROPE_BF16:
+        red_scale.index(pt % 2).store(gl.max(gl.reshape(largest_scale(k_scale, KV_FORMAT), [4, PAGE_SIZE // 4]),
+                                             axis=1))
     barrier()
     m = gl.convert_layout(gl.max(buf.load(warp_rows_layout(ROWS)), axis=0), gl.SliceLayout(0, sc.type.layout),
                           assert_trivial=True)
-    if KV_FORMAT == FP8_ROPE_BF16:
+    if KV_FORMAT >= FP8_ROPE_BF16:
         scale_max = gl.max(red_scale.index(pt % 2).load(gl.BlockedLayout([4], [32], [4], [0])), axis=0)
     else:
         scale_max = 1.0
