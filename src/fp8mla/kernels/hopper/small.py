@@ -77,8 +77,8 @@ def ring_pages(rows, kv_format):
 @gluon.jit
 def _issue_scores_t(ring, s, q_lat, q_rope, q_lo, KV_FORMAT: gl.constexpr, Q_LO: gl.constexpr):
     """Ring slot s's page's S^T products, issued (async): k_lat.q_lat^T (fp8_ds_mla: one a latent group, to scale
-    by its tokens' scales; Q_LO: plus k_lat.q_lo^T in the same accumulator) and k_rope.q_rope^T (in the latent's
-    accumulator with the fp8 cache, else its own BF16 one); a tuple of the accumulators, _scores_t's."""
+    by its tokens' scales, each with k_lat.q_lo^T in the same accumulator where Q_LO) and k_rope.q_rope^T (in the
+    latent's accumulator with the fp8 cache, else its own BF16 one); a tuple of the accumulators, _scores_t's."""
     ROWS: gl.constexpr = q_lat.shape[0]
     ST: gl.constexpr = scores_t_layout(ROWS)
     ST_BF16: gl.constexpr = scores_t_layout(ROWS, 16)
@@ -86,11 +86,8 @@ def _issue_scores_t(ring, s, q_lat, q_rope, q_lo, KV_FORMAT: gl.constexpr, Q_LO:
     if KV_FORMAT == FP8_DS_MLA:   # the first two groups' (_scores_t issues the others')
         lat = (_group_scores_t(k_lat, q_lat, q_lo, 0, Q_LO), _group_scores_t(k_lat, q_lat, q_lo, 1, Q_LO))
     else:
-        lat = warpgroup_mma(k_lat, q_lat.permute((1, 0)), gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST),
-                            use_acc=False, is_async=True)
-        if Q_LO:
-            lat = warpgroup_mma(k_lat, q_lo.permute((1, 0)), lat, is_async=True)
-        lat = (lat, )
+        lat = (warpgroup_mma(k_lat, q_lat.permute((1, 0)), gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST),
+                             use_acc=False, is_async=True), )
     if KV_FORMAT == FP8:
         return (warpgroup_mma(ring.rope.index(s), q_rope.permute((1, 0)), lat[0], is_async=True), )
     else:
