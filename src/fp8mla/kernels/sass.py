@@ -169,8 +169,6 @@ def hopper_reports(ablate: int = 0) -> list[SassReport]:
     k = compile_sm90(bf16.mla_decode_hopper_bf16_kernel, sig, dict(CAUSAL=True, ABLATE=ablate), gluon=True,
                      divisible=TYPICAL_DIVISIBLE, num_warps=4)
     reports = [sass_report(k, "hopper[bf16]")]
-    if ablate:   # the small-rows kernel has no ablations
-        small = None
     rope = {"fp8_rope_bf16": ("bf16", layouts.ROPE_BF16_SMEM), "fp8": ("fp8e4nv", layouts.ROPE_FP8_SMEM)}
     for fmt, q_fp8 in [("fp8_rope_bf16", False), ("fp8", False), ("fp8", True)]:
         rope_type, rope_layout = rope[fmt]
@@ -192,7 +190,7 @@ def hopper_reports(ablate: int = 0) -> list[SassReport]:
                              {**constexprs, "CAUSAL": False, **sparse}, gluon=True, divisible=TYPICAL_DIVISIBLE,
                              num_warps=4)
             reports.append(sass_report(k, f"hopper_sparse[{fmt}]"))
-        if small is None:
+        if ablate:   # the small-rows kernel has no ablations
             continue
         kernel = small.mla_decode_hopper_small_kernel   # the same parameters, and ROWS
         for rows in (16, 32):   # its two N

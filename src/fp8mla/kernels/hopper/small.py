@@ -149,7 +149,6 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, sparse, q_smem, ring, han
     RING: gl.constexpr = ring.lat.shape[0]
     Q_LO: gl.constexpr = q_low_part(ROWS, KV_FORMAT, Q_FP8, GATHER)
     ST: gl.constexpr = scores_t_layout(ROWS)
-    ST_BF16: gl.constexpr = scores_t_layout(ROWS, 16)
     row_l: gl.constexpr = gl.SliceLayout(0, ST)   # query rows are S^T's columns
     tok_l: gl.constexpr = gl.SliceLayout(1, ST)
     rows = gl.program_id(1) * ROWS + gl.arange(0, ROWS, row_l)

@@ -12,7 +12,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 
-from ..constants import FP8, FP8_DS_MLA, FP8_ROPE_BF16, GROUPS, LN2, PAGE_SIZE
+from ..constants import FP8, FP8_DS_MLA, FP8_ROPE_BF16, LN2, PAGE_SIZE
 from ..triton_compat import barrier
 from .ablations import SKIP_SOFTMAX
 from .ring import split_slot
@@ -205,9 +205,9 @@ def warp_rows_layout(rows):
 
 @gluon.jit
 def page_max_t(sc, k_scale, red, red_scale, pt, KV_FORMAT: gl.constexpr):
-    """(each query row's max score, the largest token scale, fp8_ds_mla's over the groups) of the page of S^T. Tokens span the four warps: each
-    warp reduces its 16, and the warps meet in shared memory at one barrier (double-buffered by page, so a warp a
-    page ahead cannot overwrite what another still reads)."""
+    """(each query row's max score, the largest token scale, fp8_ds_mla's over the groups) of the page of S^T.
+    Tokens span the four warps: each warp reduces its 16, and the warps meet in shared memory at one barrier
+    (double-buffered by page, so a warp a page ahead cannot overwrite what another still reads)."""
     ROWS: gl.constexpr = sc.shape[1]
     buf = red.index(pt % 2)
     buf.store(gl.max(gl.reshape(sc, [4, PAGE_SIZE // 4, ROWS]), axis=1))
