@@ -61,13 +61,14 @@ MIN_COMBINE_DIMS = 64    # the narrowest slice of the 512 columns a program merg
 STEP_ELEMENTS = 16384    # at most this many partial-O elements a program loads per step (128 per thread)
 
 
-def _sm_parts(sms: int, rows: int) -> int:
-    return max(sms // -(-rows // ROWS_PER_BLOCK), 1)
+def _sm_parts(sms: int, rows: int, block_rows: int = ROWS_PER_BLOCK) -> int:
+    return max(sms // -(-rows // block_rows), 1)
 
 
-def num_sm_parts(device: torch.device, num_q_tokens_per_head_k: int) -> int:
-    """How many parts the schedule has by default: one per SM, shared by the request's row blocks."""
-    return _sm_parts(runtime.sm_count(torch.device(device)), num_q_tokens_per_head_k)
+def num_sm_parts(device: torch.device, num_q_tokens_per_head_k: int, block_rows: int = ROWS_PER_BLOCK) -> int:
+    """How many parts the schedule has by default: one per SM, shared by the request's row blocks (of block_rows
+    query rows: a CTA's)."""
+    return _sm_parts(runtime.sm_count(torch.device(device)), num_q_tokens_per_head_k, block_rows)
 
 
 def _next_power_of_2(n: int) -> int:

@@ -29,7 +29,6 @@ from dataclasses import dataclass
 import torch
 
 from ..formats import D_LATENT, KV_FORMATS
-from .. import runtime
 from ..runtime import capability, device_index, interpreter_active
 from ..schedule import ROWS_PER_BLOCK, num_sm_parts
 
@@ -137,7 +136,7 @@ def schedule_parts(decoder: Decoder, device: torch.device, rows: int) -> int | N
     ROWS_PER_BLOCK's)."""
     if decoder.cta_rows == ROWS_PER_BLOCK:
         return None
-    parts = max(runtime.sm_count(device) // -(-rows // decoder.cta_rows), 1)
+    parts = num_sm_parts(device, rows, decoder.cta_rows)
     return None if parts == num_sm_parts(device, rows) else parts
 
 

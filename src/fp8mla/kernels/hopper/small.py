@@ -37,6 +37,8 @@ LOAD_REGS = gl.constexpr(24)   # the load warp's (setmaxnreg's least)
 # softmax warpgroup gets 256 - this. At 96 no partition spills with ptxas 12.9 (Triton 3.8+; 88: 8-16 bytes, 56:
 # 248), nor with 12.8 (Triton 3.6-3.7) at 16 rows; 32 rows spill 48 bytes there (104: 76, 88: 40)
 GATHER_LOAD_REGS = gl.constexpr(96)
+
+
 @triton.constexpr_function
 def scores_t_layout(rows, k=32):
     """S^T [64 tokens, rows]: the wgmma accumulator (k = 32: e4m3 operands; 16: bf16, the same registers)."""

@@ -140,8 +140,8 @@ def hand_p(hand, p, alpha, k_scale, scale_max, v_unit, pt, TOKEN_AXIS: gl.conste
     if KV_FORMAT >= FP8_ROPE_BF16:
         page_unit = gl.maximum(scale_max, 1e-30)
         if KV_FORMAT == FP8_DS_MLA:
-            group_units = (k_scale[0] * (1.0 / page_unit), k_scale[1] * (1.0 / page_unit),
-                           k_scale[2] * (1.0 / page_unit), k_scale[3] * (1.0 / page_unit))
+            per_unit = 1.0 / page_unit
+            group_units = (k_scale[0] * per_unit, k_scale[1] * per_unit, k_scale[2] * per_unit, k_scale[3] * per_unit)
         else:
             p = p * gl.expand_dims(k_scale * (1.0 / page_unit), 1 - TOKEN_AXIS)
     else:
