@@ -6,7 +6,8 @@
 Faked (the default), every kernel launch is replaced by a fake compiled kernel, so what is timed is fp8mla's own
 Python: the checks, the buffers, the launch arguments and the launchers' cache keys (not Triton's launcher or the
 driver; scratch buffers kept as on a GPU). With ``--gpu`` the launches are real: each decode path (cache format x q
-dtype x kernel), the metadata call, and with ``--peers`` FlashMLA dense FP8's call and schedule; ``--profile`` adds
+dtype x kernel), the metadata call, and with ``--peers`` FlashMLA dense FP8's call and schedule; then the sparse call (both readings of a 656-byte
+cache, topk 2048; with ``--peers`` FlashMLA's sparse call); ``--profile`` adds
 cProfile's top functions of one path; ``--parts`` what the fp8_rope_bf16 call of the last shape spends on each step
 (the output allocations, the checks, the launches; the decode launch alone, its tensors passed as addresses and as
 objects). Prints µs per call, the best of the rounds, each round timing every call of a shape in turn (with
@@ -19,6 +20,9 @@ import time
 
 PATHS = [("fp8", True), ("fp8", False), ("fp8_rope_bf16", False), ("bf16", False)]   # (cache format, e4m3 q)
 SHAPES = [(2, 1, 16), (2, 1, 128), (64, 2, 64)]   # b, s_q, h_q: the small-rows kernel, then the 64-row kernels
+SPARSE_PATHS = ["fp8_ds_mla", "fp8_rope_bf16"]    # the sparse call's readings of a 656-byte cache
+SPARSE_SHAPES = [(1, 1, 128), (64, 1, 16), (64, 1, 128)]   # b, s_q, h_q of sparse calls (topk SPARSE_TOPK)
+SPARSE_TOPK = 2048
 
 
 def per_call_alternating(fns: dict, calls: int, rounds: int, sync=lambda: None) -> dict:
@@ -88,6 +92,35 @@ def decode_calls(device, b, s_q, h_q):
                 descale_q=x["descale_q"], descale_k=x["descale_k"], kv_format=kv_format))
     calls["metadata"] = lambda: fp8mla.get_mla_metadata(p.cache_seqlens, s_q * h_q, 1)
     return p, calls
+
+
+def sparse_calls(device, b, s_q, h_q):
+    """{path label: a no-argument sparse decode call}, as vLLM's backend makes it (schedule planned by the first)."""
+    import fp8mla
+    from fp8mla.inputs import make_sparse_problem
+
+    p = make_sparse_problem(b, s_q, h_q, SPARSE_TOPK, context=SPARSE_TOPK, device=device, seed=0)
+    calls = {}
+    for kv_format in SPARSE_PATHS:
+        x = p.quantized(kv_format)
+        sched, _ = fp8mla.get_mla_metadata()
+        calls[kv_format] = (
+            lambda x=x, kv_format=kv_format, sched=sched: fp8mla.flash_mla_with_kvcache(
+                x["q"], x["k_cache"], None, None, 512, sched, None, softmax_scale=576 ** -0.5, is_fp8_kvcache=True,
+                indices=p.indices, topk_length=p.topk_length, attn_sink=p.attn_sink, kv_format=kv_format))
+    return p, calls
+
+
+def sparse_peer_calls(peers_dir, p):
+    """FlashMLA's sparse decode on the same fp8_ds_mla cache (the bench's peer)."""
+    from fp8mla.bench.peers import load_peers
+    from fp8mla.bench.run import SOFTMAX_SCALE
+
+    peer = next(q for q in load_peers(peers_dir, fa3=False, sparse=True) if q.name == "FlashMLA sparse")
+    if peer.prepare is None:
+        print(f"FlashMLA sparse: {peer.error}", file=sys.stderr)
+        return {}
+    return {"FlashMLA sparse": peer.prepare(p, False, SOFTMAX_SCALE, lambda kv_format, q_fp8: p.quantized(kv_format))}
 
 
 def peer_calls(peers_dir, p):
@@ -207,6 +240,24 @@ def main():
             profile.runcall(per_call, call, args.calls, 1)   # (results dropped as they come, as in the timing)
             sync()
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+    print(f"\n| b s_q h_q | sparse call, topk {SPARSE_TOPK} | host µs/call{'' if args.gpu else ' (launches faked)'} |"
+          + (" / FlashMLA's sparse call |\n|---|---|---|---|" if peers else "\n|---|---|---|"))
+    for b, s_q, h_q in SPARSE_SHAPES:
+        p, calls = sparse_calls(device, b, s_q, h_q)
+        if peers:
+            calls.update(sparse_peer_calls(args.peers, p))
+        print_shape((b, s_q, h_q), calls, per_call_alternating(calls, args.calls, args.rounds, sync), peers,
+                    lambda name: "FlashMLA sparse")
+
+
+def print_shape(shape, calls, us, peers, peer_of) -> None:
+    """One table row per call of a shape (with peers, its ratio to ``peer_of(name)``'s time, same rounds)."""
+    for name in calls:
+        ratio = ""
+        if peers:
+            peer = peer_of(name)
+            ratio = f" {us[name] / us[peer]:.2f}x |" if "FlashMLA" not in name and peer in us else " |"
+        print(f"| {' '.join(map(str, shape))} | {name} | {us[name]:.1f} |{ratio}", flush=True)
 
 
 if __name__ == "__main__":

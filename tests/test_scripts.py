@@ -61,9 +61,12 @@ def test_ncu_stalls_summarises_a_source_report(tmp_path, capsys):
 def test_host_cost_runs_with_launches_faked(env_without_interpreter):
     out = subprocess.run([sys.executable, str(SCRIPTS / "host_cost.py"), "--calls", "20", "--rounds", "1", "--parts"],
                          env=env_without_interpreter, check=True, capture_output=True, text=True, timeout=300).stdout
-    paths, parts = out.split("\n\n")
+    paths, parts, sparse = out.split("\n\n")
     rows = [line.split("|") for line in paths.splitlines()[2:]]
     assert len(rows) == 3 * 5, out   # three shapes: four decode paths and the metadata call
+    assert all(float(row[3]) > 0 for row in rows), out
+    rows = [line.split("|") for line in sparse.splitlines()[2:]]
+    assert [row[2].strip() for row in rows] == ["fp8_ds_mla", "fp8_rope_bf16"] * 3, out   # three sparse shapes
     assert all(float(row[3]) > 0 for row in rows), out
     steps = {row[1].strip(): float(row[2]) for row in (line.split("|") for line in parts.splitlines()[2:])}
     assert len(steps) == 11 and all(us > 0 for us in steps.values()), out   # the steps, the decode launch two ways
