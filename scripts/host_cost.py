@@ -217,19 +217,13 @@ def main():
         import torch
         device, sync = torch.device("cpu"), lambda: None
     peers = args.gpu and args.peers
-    print(f"| b s_q h_q | call | host µs/call{'' if args.gpu else ' (launches faked)'} |"
-          + (" / FlashMLA's same call |\n|---|---|---|---|" if peers else "\n|---|---|---|"))
+    print_header("call", "same call", args.gpu, peers)
     for b, s_q, h_q in SHAPES:
         p, calls = decode_calls(device, b, s_q, h_q)
         if peers:
             calls.update(peer_calls(args.peers, p))
-        us = per_call_alternating(calls, args.calls, args.rounds, sync)
-        for name in calls:
-            ratio = ""
-            if peers:   # against FlashMLA's decode, or its metadata call
-                peer = "FlashMLA metadata" if name == "metadata" else "FlashMLA dense FP8"
-                ratio = f" {us[name] / us[peer]:.2f}x |" if "FlashMLA" not in name and peer in us else " |"
-            print(f"| {b} {s_q} {h_q} | {name} | {us[name]:.1f} |{ratio}", flush=True)
+        print_shape((b, s_q, h_q), calls, per_call_alternating(calls, args.calls, args.rounds, sync), peers,
+                    lambda name: "FlashMLA metadata" if name == "metadata" else "FlashMLA dense FP8")
         if args.parts and (b, s_q, h_q) == SHAPES[-1]:
             print_parts(p, args.calls, args.rounds, sync)
         if args.profile and (b, s_q, h_q) == SHAPES[-1]:
@@ -240,14 +234,19 @@ def main():
             profile.runcall(per_call, call, args.calls, 1)   # (results dropped as they come, as in the timing)
             sync()
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
-    print(f"\n| b s_q h_q | sparse call, topk {SPARSE_TOPK} | host µs/call{'' if args.gpu else ' (launches faked)'} |"
-          + (" / FlashMLA's sparse call |\n|---|---|---|---|" if peers else "\n|---|---|---|"))
+    print()
+    print_header(f"sparse call, topk {SPARSE_TOPK}", "sparse call", args.gpu, peers)
     for b, s_q, h_q in SPARSE_SHAPES:
         p, calls = sparse_calls(device, b, s_q, h_q)
         if peers:
             calls.update(sparse_peer_calls(args.peers, p))
         print_shape((b, s_q, h_q), calls, per_call_alternating(calls, args.calls, args.rounds, sync), peers,
                     lambda name: "FlashMLA sparse")
+
+
+def print_header(what: str, peer_what: str, gpu: bool, peers) -> None:
+    print(f"| b s_q h_q | {what} | host µs/call{'' if gpu else ' (launches faked)'} |"
+          + (f" / FlashMLA's {peer_what} |\n|---|---|---|---|" if peers else "\n|---|---|---|"))
 
 
 def print_shape(shape, calls, us, peers, peer_of) -> None:

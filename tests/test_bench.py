@@ -130,6 +130,10 @@ def test_demo_runs_every_format_in_a_fresh_process(env_without_interpreter):
     assert cells[("randn", "bf16", "bf16")] < 1e-5
     # one per-tensor scale for RoPE ×8 inputs is what fp8_rope_bf16 avoids
     assert cells[("RoPE ×8", "fp8_rope_bf16", "bf16")] * 5 < cells[("RoPE ×8", "fp8", "e4m3 per tensor")]
+    sparse = {r[1].strip(): float(r[3]) for r in (line.split("|")[1:-1] for line in res.stdout.splitlines()
+                                                  if line.startswith("| sparse"))}
+    assert sparse.keys() == {"fp8_ds_mla", "fp8_rope_bf16"}, res.stdout   # both readings of a 656-byte cache
+    assert all(0 < d < 5e-3 for d in sparse.values()), res.stdout
 
 
 # ---- peers: the wrappers called through the schemas read from the binaries ----

@@ -66,16 +66,19 @@ def parser() -> argparse.ArgumentParser:
     demo = commands.add_parser(
         "demo", formatter_class=formatter, help="accuracy of every cache format on a small batch (CPU or GPU)",
         description="Decodes a small batch with every cache format (bf16, fp8 with a bf16 or an e4m3 q, "
-                    "fp8_rope_bf16), for randn inputs and with the RoPE dims x8, and prints each output's error "
-                    "against an fp32 reference on the unquantized inputs. Without a GPU it runs in Triton's "
-                    "interpreter: on a 2-core CPU about 3 s with the defaults, 14 s with --seqlens 8192 8192.")
+                    "fp8_rope_bf16), for randn inputs and with the RoPE dims x8, then DeepSeek V3.2's sparse call "
+                    "on a 656-byte cache read both ways (fp8_ds_mla, fp8_rope_bf16), and prints each output's "
+                    "error against an fp32 reference on the unquantized inputs. Without a GPU it runs in Triton's "
+                    "interpreter: on a 2-core CPU about 3.5 s with the defaults, 13 s with --seqlens "
+                    "8192 8192.")
     demo.add_argument("--seqlens", type=int, nargs="+", default=SEQLENS, help="one cache length per request")
     demo.add_argument("--h-q", type=int, default=H_Q, help="query heads")
     demo.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     fetch_arguments(commands.add_parser(
         "fetch-peers", formatter_class=formatter, help="the peer kernels' binaries, for the bench",
         description="Downloads the vllm wheel from the package index with pip and takes FlashMLA's BF16 and dense "
-                    "FP8 decode extensions (and with --fa3 FA3-MLA) out of it into DEST, for `bench --peers DEST`."))
+                    "FP8 decode extensions (the first also has its sparse decode; with --fa3 also FA3-MLA) out of it "
+                    "into DEST, for `bench --peers DEST`."))
     return p
 
 

@@ -2,7 +2,7 @@
 the package index (its prebuilt, torch stable-ABI extensions; Apache-2.0) into DIR (default ``.peers``, which the
 repository's .gitignore keeps out of git):
 
-  _flashmla_C.abi3.so             FlashMLA BF16 dense decode          -> torch.ops._flashmla_C
+  _flashmla_C.abi3.so             FlashMLA BF16 dense and sparse decode -> torch.ops._flashmla_C
   _flashmla_extension_C.abi3.so   FlashMLA dense FP8 (vLLM's)          -> torch.ops._flashmla_extension_C
   _vllm_fa3_C.abi3.so.xz          FA3 with MLA support (--fa3; 172 MB unpacked, ~8 MB xz; peers.py unpacks it)
 
