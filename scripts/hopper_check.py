@@ -22,7 +22,8 @@ graph, so the host's launch cost is not timed), and a table gives each variant's
 ``--profile [FORMAT]`` only runs one config (the headline b=64 s_q=2 h_q=64 unless ``--b/--s-q/--h-q`` say
 otherwise; fp8_rope_bf16 unless FORMAT is fp8 (e4m3 q) or bf16) three times, for a profiler (the kernels' names:
 ``mla_decode_hopper_kernel``, ``mla_decode_hopper_small_kernel`` for s_q * h_q <= 32, ``mla_decode_hopper_bf16``);
-ncu's source page then goes through scripts/ncu_stalls.py:
+with ``--sparse`` it is the sparse call instead (topk 2048 of 8192 tokens a batch entry, the bench's; FORMAT
+fp8_ds_mla or fp8_rope_bf16, the cache's reading); ncu's source page then goes through scripts/ncu_stalls.py:
 
     PYTHONPATH=src ncu --clock-control none -k regex:mla_decode_hopper -s 2 -c 1 --section WarpStateStats \\
         --section SourceCounters -o prof python3 scripts/hopper_check.py --profile
@@ -38,7 +39,7 @@ import triton
 
 import fp8mla
 from fp8mla import cal_diff, reference_mla_decode
-from fp8mla.inputs import make_problem
+from fp8mla.inputs import make_problem, make_sparse_problem
 
 PATHS = [("fp8_rope_bf16", False), ("fp8", True), ("bf16", False), ("fp8", False)]  # (cache format, e4m3 q)
 CASES = [(1, 16, [200, 0, 77], False), (2, 16, [300, 1000], True), (2, 64, [1000, 64], True),
@@ -84,6 +85,18 @@ class Variant:
             finally:
                 launch.ABLATE = own
         return call
+
+
+SPARSE_TOPK = 2048   # --profile --sparse: each query token's indices, of 4x as many tokens a batch entry
+
+
+def sparse_call(p, kv_format, backend="hopper"):
+    """The sparse decode of problem ``p`` (inputs.make_sparse_problem) on its cache read as ``kv_format``, as the
+    bench calls it (no topk_length, no attn_sink), as a no-argument call."""
+    k_cache = p.quantized(kv_format)["k_cache"]
+    schedule, _ = fp8mla.get_mla_metadata()
+    return lambda: fp8mla.flash_mla_with_kvcache(p.q, k_cache, None, None, 512, schedule, None, is_fp8_kvcache=True,
+                                                 indices=p.indices, kv_format=kv_format, backend=backend)
 
 
 def check(cases, parts_list, variants) -> bool:
@@ -154,14 +167,22 @@ def main():
     parser.add_argument("--ablate", action="store_true",
                         help="time the 64-row kernels with stages skipped (no check: their results are wrong)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
-    parser.add_argument("--profile", nargs="?", const="fp8_rope_bf16", choices=["fp8_rope_bf16", "fp8", "bf16"],
+    parser.add_argument("--profile", nargs="?", const="fp8_rope_bf16",
+                        choices=["fp8_rope_bf16", "fp8", "bf16", "fp8_ds_mla"],
                         help="only run one config (--b, --s-q, --h-q) three times, in this cache format (fp8: e4m3 q)")
+    parser.add_argument("--sparse", action="store_true", help="--profile's config as a sparse call")
     args = parser.parse_args()
     here = Variant(fp8mla)
     if args.profile:
         b, s_q, h_q = args.b, args.s_q, args.h_q
-        call = here.decode_call(make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0), args.profile,
-                                args.profile == "fp8", True)
+        if args.sparse:
+            call = sparse_call(make_sparse_problem(b, s_q, h_q, SPARSE_TOPK, 4 * SPARSE_TOPK, device="cuda",
+                                                   skipped=0, seed=0), args.profile)
+        elif args.profile == "fp8_ds_mla":
+            parser.error("fp8_ds_mla is profiled in the sparse call (--sparse)")
+        else:
+            call = here.decode_call(make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0), args.profile,
+                                    args.profile == "fp8", True)
         for _ in range(3):
             call()
         torch.cuda.synchronize()

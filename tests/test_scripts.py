@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).parent.parent
 SCRIPTS = ROOT / "scripts"
@@ -38,6 +39,21 @@ def test_hopper_check_loads_a_tree_whole(tmp_path):
     assert tree_ring.TREE_MARK == 1 and Path(tree_ring.__file__).is_relative_to(tmp_path)
     assert not hasattr(importlib.import_module("fp8mla.kernels.hopper.ring"), "TREE_MARK")
     assert tree.flash_mla_with_kvcache is not hopper_check.fp8mla.flash_mla_with_kvcache
+
+
+@pytest.mark.parametrize("kv_format", ["fp8_ds_mla", "fp8_rope_bf16"])
+def test_hopper_check_profiles_the_sparse_call_as_the_bench_makes_it(kv_format):
+    """hopper_check --profile --sparse's call (here on the portable kernel, on the CPU in the interpreter, or any
+    GPU) decodes its problem as the fp32 reference does."""
+    from fp8mla import cal_diff, reference_sparse_mla_decode
+    from fp8mla.inputs import make_sparse_problem
+
+    hopper_check = pytest.importorskip("hopper_check")
+    p = make_sparse_problem(2, 2, 16, 64, 256, device="cuda" if torch.cuda.is_available() else "cpu", skipped=0)
+    out, lse = hopper_check.sparse_call(p, kv_format, backend="portable")()
+    ref_out, ref_lse = reference_sparse_mla_decode(p.q, p.kv, p.indices)
+    assert cal_diff(out.float(), ref_out)["cos_diff"] < 4e-3
+    assert torch.allclose(lse, ref_lse, atol=0.75, rtol=0)   # the x8 latent group's scores run large (test_sparse)
 
 
 def test_ncu_stalls_summarises_a_source_report(tmp_path, capsys):
