@@ -123,7 +123,8 @@ def write_kv_cache(kv_c: torch.Tensor, k_pe: torch.Tensor, k_cache: torch.Tensor
     ``kv_c [T, 512]`` latent and ``k_pe [T, 64]`` RoPE vectors (any float dtype) go to the cache rows
     ``slot_mapping [T]`` (slot = page * 64 + offset; negative slots are skipped, as for padded tokens, and so are
     slots past the cache's end: nothing is written outside it).
-    ``"fp8"`` needs the cache's per-tensor ``descale_k``; ``"fp8_rope_bf16"`` computes each token's scale.
+    ``"fp8"`` needs the cache's per-tensor ``descale_k``; ``"fp8_rope_bf16"`` (a 656-byte cache's default) computes
+    each token's scale, ``"fp8_ds_mla"`` one a 128-dim latent group (vLLM's DeepSeek V3.2 cache).
     Runs as one kernel with no host synchronisation, so it can be captured in a CUDA graph.
     """
     kv_format = checks.check_cache(k_cache, kv_format)
