@@ -19,6 +19,11 @@ graph, so the host's launch cost is not timed), and a table gives each variant's
     PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --rounds 5
     PYTHONPATH=src python3 scripts/hopper_check.py --ablate [--b 64 --s-q 2 --h-q 64]
 
+``--sparse`` checks and times the sparse call instead (both readings of a 656-byte cache, SPARSE_TIMED's configs,
+topk 2048 of 8192 tokens as the bench draws them), with ``--trees`` as an A/B in one process:
+
+    PYTHONPATH=src python3 scripts/hopper_check.py --sparse --trees ab/next --rounds 5
+
 ``--profile [FORMAT]`` only runs one config (the headline b=64 s_q=2 h_q=64 unless ``--b/--s-q/--h-q`` say
 otherwise; fp8_rope_bf16 unless FORMAT is fp8 (e4m3 q) or bf16) three times, for a profiler (the kernels' names:
 ``mla_decode_hopper_kernel``, ``mla_decode_hopper_small_kernel`` for s_q * h_q <= 32, ``mla_decode_hopper_bf16``);
@@ -38,13 +43,14 @@ import torch
 import triton
 
 import fp8mla
-from fp8mla import cal_diff, reference_mla_decode
+from fp8mla import cal_diff, reference_mla_decode, reference_sparse_mla_decode
 from fp8mla.inputs import make_problem, make_sparse_problem
 
 PATHS = [("fp8_rope_bf16", False), ("fp8", True), ("bf16", False), ("fp8", False)]  # (cache format, e4m3 q)
 CASES = [(1, 16, [200, 0, 77], False), (2, 16, [300, 1000], True), (2, 64, [1000, 64], True),
          (4, 128, [129, 700, 5, 2100], True), (2, 64, [1, 65], True)]
 TIMED = [(64, 2, 64), (128, 1, 16)]   # b, s_q, h_q at 8192 tokens each, causal
+SPARSE_TIMED = [(64, 1, 128), (128, 2, 128), (64, 1, 64), (64, 1, 16)]   # b, s_q, h_q of --sparse
 
 
 def load_tree(root, name: str):
@@ -86,17 +92,21 @@ class Variant:
                 launch.ABLATE = own
         return call
 
+    def sparse_call(self, p, kv_format):
+        """sparse_call through this variant's API."""
+        return sparse_call(p, kv_format, api=self.api)
+
 
 SPARSE_TOPK = 2048   # --profile --sparse: each query token's indices, of 4x as many tokens a batch entry
 
 
-def sparse_call(p, kv_format, backend="hopper"):
+def sparse_call(p, kv_format, backend="hopper", api=fp8mla):
     """The sparse decode of problem ``p`` (inputs.make_sparse_problem) on its cache read as ``kv_format``, as the
-    bench calls it (no topk_length, no attn_sink), as a no-argument call."""
+    bench calls it (no topk_length, no attn_sink), as a no-argument call (through ``api``: a tree's fp8mla)."""
     k_cache = p.quantized(kv_format)["k_cache"]
-    schedule, _ = fp8mla.get_mla_metadata()
-    return lambda: fp8mla.flash_mla_with_kvcache(p.q, k_cache, None, None, 512, schedule, None, is_fp8_kvcache=True,
-                                                 indices=p.indices, kv_format=kv_format, backend=backend)
+    schedule, _ = api.get_mla_metadata()
+    return lambda: api.flash_mla_with_kvcache(p.q, k_cache, None, None, 512, schedule, None, is_fp8_kvcache=True,
+                                              indices=p.indices, kv_format=kv_format, backend=backend)
 
 
 def check(cases, parts_list, variants) -> bool:
@@ -116,6 +126,31 @@ def check(cases, parts_list, variants) -> bool:
                     ok &= good
                     print(f"check [{name}] b={len(seqlens)} s_q={s_q} h_q={h_q} {kv_format} q_fp8={q_fp8} "
                           f"parts={parts}: cos_diff {d:.2e} {'ok' if good else 'FAIL'}", flush=True)
+    print("ALL OK" if ok else "FAILURES", flush=True)
+    return ok
+
+
+def check_and_time_sparse(variants, rounds: int) -> bool:
+    """Each variant's sparse call on SPARSE_TIMED's configs, both readings: its cos_diff against the fp32
+    reference, then median µs over alternating rounds and the ratio to the working tree's (one process)."""
+    ok, rows = True, []
+    for b, s_q, h_q in SPARSE_TIMED:
+        p = make_sparse_problem(b, s_q, h_q, SPARSE_TOPK, 4 * SPARSE_TOPK, device="cuda", skipped=0, seed=0)
+        ref_out, _ = reference_sparse_mla_decode(p.q, p.kv, p.indices)
+        for kv_format in ("fp8_ds_mla", "fp8_rope_bf16"):
+            calls = {name: v.sparse_call(p, kv_format) for name, v in variants.items()}
+            label = f"sparse b={b} s_q={s_q} h_q={h_q} {kv_format}"
+            for name, call in calls.items():
+                d = cal_diff(call()[0].float(), ref_out)["cos_diff"]
+                good = d < 6e-3
+                ok &= good
+                print(f"check [{name}] {label}: cos_diff {d:.2e} {'ok' if good else 'FAIL'}", flush=True)
+            torch.cuda.synchronize()   # do_bench_cudagraph runs on a stream of its own, which waits for nothing
+            times, medians = alternating_medians(calls, rounds)
+            print(f"time {label}: " + "; ".join(f"[{n}] " + " ".join(f"{t:.1f}" for t in ts)
+                                               for n, ts in times.items()), flush=True)
+            rows.append((label, medians))
+    print_medians(list(variants), rows)
     print("ALL OK" if ok else "FAILURES", flush=True)
     return ok
 
@@ -145,7 +180,11 @@ def time_variants(variants, rounds: int, timed=TIMED, paths=PATHS[:3]) -> None:
             print(f"time {label}: " + "; ".join(f"[{n}] " + " ".join(f"{t:.1f}" for t in ts)
                                                for n, ts in times.items()), flush=True)
             rows.append((label, medians))
-    names = list(variants)
+    print_medians(list(variants), rows)
+
+
+def print_medians(names, rows) -> None:
+    """The table of (config label, {variant: median µs}) rows, each variant's ratio to the first's."""
     print("\n| config | " + " | ".join(f"{n} µs" for n in names) + "".join(f" | {n} / working tree" for n in names[1:])
           + " |\n|---" + "|---" * (2 * len(names) - 1) + "|")
     for label, med in rows:
@@ -170,7 +209,8 @@ def main():
     parser.add_argument("--profile", nargs="?", const="fp8_rope_bf16",
                         choices=["fp8_rope_bf16", "fp8", "bf16", "fp8_ds_mla"],
                         help="only run one config (--b, --s-q, --h-q) three times, in this cache format (fp8: e4m3 q)")
-    parser.add_argument("--sparse", action="store_true", help="--profile's config as a sparse call")
+    parser.add_argument("--sparse", action="store_true",
+                        help="the sparse call: checked and timed (with --trees, A/B), or --profile's config")
     args = parser.parse_args()
     here = Variant(fp8mla)
     if args.profile:
@@ -195,6 +235,8 @@ def main():
         return
     variants = {"working tree": here}
     variants.update({Path(root).name: Variant(load_tree(root, f"fp8mla_tree_{i}")) for i, root in enumerate(args.trees)})
+    if args.sparse:
+        sys.exit(0 if check_and_time_sparse(variants, args.rounds) else 1)
     if args.seqlens:
         ok = check([(args.s_q, args.h_q, args.seqlens, True)], [args.parts] if args.parts else [None, 7], variants)
     else:
