@@ -95,3 +95,41 @@ def test_shell_tools_parse_and_name_what_exists(script):
     for word in " ".join(shlex.split(text, comments=True)).split():
         if word.startswith(("tests/", "scripts/")) and word.endswith((".py", ".sh")):
             assert (ROOT / word).exists(), word
+
+
+def test_hopper_check_sparse_ab_checks_and_times_every_tree(tmp_path, monkeypatch, capsys):
+    """hopper_check --sparse --trees (the A/B the device scripts run), end to end on the portable kernel: every
+    tree's sparse call in both readings checked against fp32 and timed (the timer stubbed), one table row a config
+    and reading, each tree's column and ratio."""
+    import functools
+    import shutil
+
+    hopper_check = pytest.importorskip("hopper_check")
+    shutil.copytree(ROOT / "src" / "fp8mla", tmp_path / "other" / "src" / "fp8mla",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(hopper_check, "SPARSE_TIMED", [(2, 1, 16), (1, 2, 64)])
+    monkeypatch.setattr(hopper_check, "SPARSE_TOPK", 64)
+    problem = hopper_check.make_sparse_problem
+    monkeypatch.setattr(hopper_check, "make_sparse_problem", lambda *args, **kw: problem(*args, **{**kw, "device": device}))
+    monkeypatch.setattr(hopper_check, "sparse_call", functools.partial(hopper_check.sparse_call, backend="portable"))
+    monkeypatch.setattr(hopper_check.torch.cuda, "synchronize", lambda: None)
+    calls = []
+
+    def timer(fns, rounds):   # each call once a round; fake µs
+        times = {name: [] for name in fns}
+        for _ in range(rounds):
+            for name, fn in fns.items():
+                calls.append(name)
+                fn()
+                times[name].append(10.0 if name == "working tree" else 12.5)
+        return times, {name: ts[0] for name, ts in times.items()}
+    monkeypatch.setattr(hopper_check, "alternating_medians", timer)
+    variants = {"working tree": hopper_check.Variant(hopper_check.fp8mla),
+                "other": hopper_check.Variant(hopper_check.load_tree(tmp_path / "other", "fp8mla_tree_sparse_ab"))}
+    assert hopper_check.check_and_time_sparse(variants, rounds=2)
+    out = capsys.readouterr().out
+    assert out.count("check [") == 2 * 2 * 2 and "FAIL" not in out and "ALL OK" in out, out
+    rows = [line for line in out.splitlines() if line.startswith("| sparse")]
+    assert len(rows) == 2 * 2 and all(row.rstrip().endswith("| 1.250 |") for row in rows), out
+    assert calls.count("other") == calls.count("working tree") == 2 * 2 * 2
