@@ -92,18 +92,20 @@ class Variant:
                 launch.ABLATE = own
         return call
 
-    def sparse_call(self, p, kv_format):
+    def sparse_call(self, p, kv_format, k_cache):
         """sparse_call through this variant's API."""
-        return sparse_call(p, kv_format, api=self.api)
+        return sparse_call(p, kv_format, api=self.api, k_cache=k_cache)
 
 
 SPARSE_TOPK = 2048   # --profile --sparse: each query token's indices, of 4x as many tokens a batch entry
 
 
-def sparse_call(p, kv_format, backend="hopper", api=fp8mla):
-    """The sparse decode of problem ``p`` (inputs.make_sparse_problem) on its cache read as ``kv_format``, as the
-    bench calls it (no topk_length, no attn_sink), as a no-argument call (through ``api``: a tree's fp8mla)."""
-    k_cache = p.quantized(kv_format)["k_cache"]
+def sparse_call(p, kv_format, backend="hopper", api=fp8mla, k_cache=None):
+    """The sparse decode of problem ``p`` (inputs.make_sparse_problem) on its cache read as ``kv_format`` (k_cache:
+    that cache, quantized once for every variant; None: quantized here), as the bench calls it (no topk_length, no
+    attn_sink), as a no-argument call (through ``api``: a tree's fp8mla)."""
+    if k_cache is None:
+        k_cache = p.quantized(kv_format)["k_cache"]
     schedule, _ = api.get_mla_metadata()
     return lambda: api.flash_mla_with_kvcache(p.q, k_cache, None, None, 512, schedule, None, is_fp8_kvcache=True,
                                               indices=p.indices, kv_format=kv_format, backend=backend)
@@ -138,18 +140,15 @@ def check_and_time_sparse(variants, rounds: int) -> bool:
         p = make_sparse_problem(b, s_q, h_q, SPARSE_TOPK, 4 * SPARSE_TOPK, device="cuda", skipped=0, seed=0)
         ref_out, _ = reference_sparse_mla_decode(p.q, p.kv, p.indices)
         for kv_format in ("fp8_ds_mla", "fp8_rope_bf16"):
-            calls = {name: v.sparse_call(p, kv_format) for name, v in variants.items()}
+            k_cache = p.quantized(kv_format)["k_cache"]
+            calls = {name: v.sparse_call(p, kv_format, k_cache) for name, v in variants.items()}
             label = f"sparse b={b} s_q={s_q} h_q={h_q} {kv_format}"
             for name, call in calls.items():
                 d = cal_diff(call()[0].float(), ref_out)["cos_diff"]
                 good = d < 6e-3
                 ok &= good
                 print(f"check [{name}] {label}: cos_diff {d:.2e} {'ok' if good else 'FAIL'}", flush=True)
-            torch.cuda.synchronize()   # do_bench_cudagraph runs on a stream of its own, which waits for nothing
-            times, medians = alternating_medians(calls, rounds)
-            print(f"time {label}: " + "; ".join(f"[{n}] " + " ".join(f"{t:.1f}" for t in ts)
-                                               for n, ts in times.items()), flush=True)
-            rows.append((label, medians))
+            rows.append(timed_row(calls, rounds, label))
     print_medians(list(variants), rows)
     print("ALL OK" if ok else "FAILURES", flush=True)
     return ok
@@ -165,6 +164,15 @@ def alternating_medians(calls: dict, rounds: int) -> tuple[dict, dict]:
     return times, {name: sorted(ts)[len(ts) // 2] for name, ts in times.items()}
 
 
+def timed_row(calls: dict, rounds: int, label: str) -> tuple[str, dict]:
+    """(label, {name: median µs}) of calls that have run once, timed in alternating rounds; prints each round's."""
+    torch.cuda.synchronize()   # do_bench_cudagraph runs on a stream of its own, which waits for nothing
+    times, medians = alternating_medians(calls, rounds)
+    print(f"time {label}: " + "; ".join(f"[{n}] " + " ".join(f"{t:.1f}" for t in ts) for n, ts in times.items()),
+          flush=True)
+    return label, medians
+
+
 def time_variants(variants, rounds: int, timed=TIMED, paths=PATHS[:3]) -> None:
     """Median µs of each variant over alternating rounds, and its ratio to the working tree's (one run only)."""
     rows = []
@@ -174,12 +182,8 @@ def time_variants(variants, rounds: int, timed=TIMED, paths=PATHS[:3]) -> None:
             calls = {name: v.decode_call(p, kv_format, q_fp8, True) for name, v in variants.items()}
             for call in calls.values():
                 call()
-            torch.cuda.synchronize()   # do_bench_cudagraph runs on a stream of its own, which waits for nothing
-            times, medians = alternating_medians(calls, rounds)
             label = f"b={b} s_q={s_q} h_q={h_q} {kv_format}{' (e4m3 q)' if q_fp8 else ''}"
-            print(f"time {label}: " + "; ".join(f"[{n}] " + " ".join(f"{t:.1f}" for t in ts)
-                                               for n, ts in times.items()), flush=True)
-            rows.append((label, medians))
+            rows.append(timed_row(calls, rounds, label))
     print_medians(list(variants), rows)
 
 

@@ -97,6 +97,7 @@ def decode_calls(device, b, s_q, h_q):
 def sparse_calls(device, b, s_q, h_q):
     """{path label: a no-argument sparse decode call}, as vLLM's backend makes it (schedule planned by the first)."""
     import fp8mla
+    from fp8mla.bench.run import SOFTMAX_SCALE
     from fp8mla.inputs import make_sparse_problem
 
     p = make_sparse_problem(b, s_q, h_q, SPARSE_TOPK, context=SPARSE_TOPK, device=device, seed=0)
@@ -106,7 +107,7 @@ def sparse_calls(device, b, s_q, h_q):
         sched, _ = fp8mla.get_mla_metadata()
         calls[kv_format] = (
             lambda x=x, kv_format=kv_format, sched=sched: fp8mla.flash_mla_with_kvcache(
-                x["q"], x["k_cache"], None, None, 512, sched, None, softmax_scale=576 ** -0.5, is_fp8_kvcache=True,
+                x["q"], x["k_cache"], None, None, 512, sched, None, softmax_scale=SOFTMAX_SCALE, is_fp8_kvcache=True,
                 indices=p.indices, topk_length=p.topk_length, attn_sink=p.attn_sink, kv_format=kv_format))
     return p, calls
 

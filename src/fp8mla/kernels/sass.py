@@ -40,13 +40,17 @@ class SassReport:
 
     def summary(self) -> dict:
         keys = ("QGMMA", "HGMMA", "HMMA", "UTMALDG", "LDGSTS", "LDL", "STL", "LDS", "STS", "STG", "STG.E.128", "PRMT",
-                "BAR",
-                "SYNCS")
+                "BAR", "SYNCS")
         return dict(name=self.name, regs=self.n_regs, stack=self.stack, shared=self.shared,
                     wgmma_serialized=self.wgmma_serialized,
                     wgmma_shapes=sorted(set(re.findall(r"\b[QH]GMMA\.\d+x\d+x\d+", self.sass))),
                     **{k: self.count(k) for k in keys})
 
+
+# the decode kernels' call constexprs: a dense call's (pages from the block table), a sparse call's compiled with
+# topk_length and attn_sink (its Q_GROUP a parameter)
+DENSE_CALL = dict(Q_GROUP=1, GATHER=False, HAS_TOPK_LENGTH=False, HAS_SINK=False)
+SPARSE_CALL = dict(GATHER=True, HAS_TOPK_LENGTH=True, HAS_SINK=True)
 
 # ints that are multiples of 16 in a typical call (a contiguous q of 576 columns, h_q in 16, 64, 128)
 TYPICAL_DIVISIBLE = ("stride_qb", "stride_qs", "stride_qh", "H", "R")
@@ -134,15 +138,13 @@ def portable_reports() -> list[SassReport]:
 
     reports = []
     kv_types = {"bf16": "*bf16", "fp8": "*fp8e4nv", "fp8_rope_bf16": "*u8", "fp8_ds_mla": "*u8"}
-    dense = dict(Q_GROUP=1, GATHER=False, HAS_TOPK_LENGTH=False, HAS_SINK=False)
-    sparse = dict(GATHER=True, HAS_TOPK_LENGTH=True, HAS_SINK=True)
     for fmt, code in portable.FORMAT_CODE.items():
         for gather in (False, True) if fmt == "fp8_ds_mla" else (False,):
             types = dict(q_ptr="*bf16", kv_ptr=kv_types[fmt], o_part_ptr=_part_type(fmt))
             sig = decode_signature(portable.mla_decode_split_kernel, **types, **({"Q_GROUP": "i32"} if gather else {}))
             k = compile_sm90(portable.mla_decode_split_kernel, sig,
                              dict(KV_FORMAT=code, Q_FP8=False, CAUSAL=not gather, BLOCK_M=64,
-                                  **(sparse if gather else dense)),
+                                  **(SPARSE_CALL if gather else DENSE_CALL)),
                              divisible=TYPICAL_DIVISIBLE, num_warps=8, num_stages=1)
             reports.append(sass_report(k, f"portable[{fmt}{', sparse' if gather else ''}]"))
     for part_type, name in [("*fp32", "combine"), ("*bf16", "combine[bf16 partials]")]:
@@ -179,32 +181,30 @@ def hopper_reports(ablate: int = 0) -> list[SassReport]:
                                  if fmt == "fp8_rope_bf16" else rope_desc))
         constexprs = dict(KV_FORMAT=FORMAT_CODE[fmt], Q_FP8=q_fp8, CAUSAL=True)
         kernel = fp8.mla_decode_hopper_kernel
-        dense = dict(ABLATE=ablate, Q_GROUP=1, GATHER=False, HAS_TOPK_LENGTH=False, HAS_SINK=False)
-        k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", **types), {**constexprs, **dense},
+        k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", **types),
+                         {**constexprs, "ABLATE": ablate, **DENSE_CALL},
                          gluon=True, divisible=TYPICAL_DIVISIBLE, num_warps=4)
         q_kind = ", fp8 q" if q_fp8 else ""
         reports.append(sass_report(k, f"hopper[{fmt}{q_kind}]"))
         if fmt == "fp8_rope_bf16" and not ablate:   # the sparse call's gather ring (hopper_sparse)
-            sparse = dict(ABLATE=0, GATHER=True, HAS_TOPK_LENGTH=True, HAS_SINK=True)
             k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", Q_GROUP="i32", **types),
-                             {**constexprs, "CAUSAL": False, **sparse}, gluon=True, divisible=TYPICAL_DIVISIBLE,
-                             num_warps=4)
+                             {**constexprs, "CAUSAL": False, "ABLATE": 0, **SPARSE_CALL}, gluon=True,
+                             divisible=TYPICAL_DIVISIBLE, num_warps=4)
             reports.append(sass_report(k, f"hopper_sparse[{fmt}]"))
         if ablate:   # the small-rows kernel has no ablations
             continue
         kernel = small.mla_decode_hopper_small_kernel   # the same parameters, and ROWS
         for rows in (16, 32):   # its two N
-            dense_small = dict(Q_GROUP=1, GATHER=False, HAS_TOPK_LENGTH=False, HAS_SINK=False)
             k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", **types),
-                             {**constexprs, "ROWS": rows, **dense_small}, gluon=True, divisible=TYPICAL_DIVISIBLE,
+                             {**constexprs, "ROWS": rows, **DENSE_CALL}, gluon=True, divisible=TYPICAL_DIVISIBLE,
                              num_warps=4)
             reports.append(sass_report(k, f"hopper_small{rows}[{fmt}{q_kind}]"))
             if fmt == "fp8_rope_bf16":   # the sparse call's gather ring (hopper_small_sparse), both readings
-                sparse = dict(GATHER=True, HAS_TOPK_LENGTH=True, HAS_SINK=True)
                 for reading in ("fp8_rope_bf16", "fp8_ds_mla"):
                     k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", Q_GROUP="i32", **types),
                                      {**constexprs, "KV_FORMAT": FORMAT_CODE[reading], "CAUSAL": False,
-                                      "ROWS": rows, **sparse}, gluon=True, divisible=TYPICAL_DIVISIBLE, num_warps=4)
+                                      "ROWS": rows, **SPARSE_CALL}, gluon=True, divisible=TYPICAL_DIVISIBLE,
+                                     num_warps=4)
                     reports.append(sass_report(k, f"hopper_small_sparse{rows}[{reading}]"))
     return reports
 
