@@ -39,18 +39,17 @@ def test_sass_group_descales_keep_the_fp8_products(hopper_sass, rows):
     FP8 wgmmas as one descale a row, in as many instructions (but for q's second part at 16 rows)."""
     one = hopper_sass[f"hopper_small_sparse{rows}[fp8_rope_bf16]"]
     four = hopper_sass[f"hopper_small_sparse{rows}[fp8_ds_mla]"]
-    q_lo = 16 if rows == 16 else 0   # (test_sass_sparse_16_rows_take_q_in_two_parts)
-    assert four["QGMMA"] == one["QGMMA"] + q_lo and four["HGMMA"] == one["HGMMA"], four
+    assert four["QGMMA"] == one["QGMMA"] + 16 and four["HGMMA"] == one["HGMMA"], four
     assert four["wgmma_shapes"] == one["wgmma_shapes"], four
 
 
-def test_sass_sparse_16_rows_take_q_in_two_parts(hopper_sass):
-    """The sparse call's 16-row kernel on the fp8_ds_mla reading multiplies K by q's two e4m3 parts: 16 more k32
-    wgmmas a page (512 latent dims) than the 32-row kernel, which has no room for the second part, and than the
-    fp8_rope_bf16 reading."""
-    r16, r32 = hopper_sass["hopper_small_sparse16[fp8_ds_mla]"], hopper_sass["hopper_small_sparse32[fp8_ds_mla]"]
-    assert r16["QGMMA"] == r32["QGMMA"] + 16, (r16, r32)
-    assert r16["QGMMA"] == hopper_sass["hopper_small_sparse16[fp8_rope_bf16]"]["QGMMA"] + 16, r16
+@pytest.mark.parametrize("rows", [16, 32])
+def test_sass_sparse_group_reading_takes_q_in_two_parts(hopper_sass, rows):
+    """The sparse call's fp8_ds_mla reading multiplies K by q's two e4m3 parts: 16 more k32 wgmmas a page (512
+    latent dims) than the fp8_rope_bf16 reading; at 32 rows over a ring of two pages (room for lo's 16 KB)."""
+    four = hopper_sass[f"hopper_small_sparse{rows}[fp8_ds_mla]"]
+    one = hopper_sass[f"hopper_small_sparse{rows}[fp8_rope_bf16]"]
+    assert four["QGMMA"] == one["QGMMA"] + 16, (four, one)
 
 
 @pytest.mark.parametrize("variant", SMALL_VARIANTS)

@@ -228,13 +228,14 @@ def test_hopper_gather_ring(b, s_q, h_q, topk, kv_format):
 
 
 @pytest.mark.hopper
-def test_hopper_small_rows_q_in_two_parts():
-    """At 16 rows the small-rows kernel's fp8_ds_mla reading takes a bf16 q as two e4m3 parts (hi + lo): its error
-    is well below that of the same q rounded to e4m3 per row first (where lo is 0), which is what one e4m3 part
-    would give."""
+@pytest.mark.parametrize("h_q", [16, 32, 64])
+def test_hopper_small_rows_q_in_two_parts(h_q):
+    """The small-rows kernel's fp8_ds_mla reading (16 and 32 rows a CTA; 64 heads: two CTAs of 32) takes a bf16 q
+    as two e4m3 parts (hi + lo): its error is well below that of the same q rounded to e4m3 per row first (where lo
+    is 0), which is what one e4m3 part would give."""
     kv_format = "fp8_ds_mla"
     device = torch.device("cuda")
-    q, kv, indices, topk_length, sink = make_sparse(2, 1, 16, 2048, pages=80, device=device, seed=6)
+    q, kv, indices, topk_length, sink = make_sparse(2, 1, h_q, 2048, pages=80, device=device, seed=6)
     cache, _ = quantize_kv_cache(kv, kv_format)
     ref, _ = reference_sparse_mla_decode(q, kv, indices, topk_length, sink)
     lat = q[..., :512].float()

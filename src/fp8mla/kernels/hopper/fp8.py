@@ -251,7 +251,8 @@ def mla_decode_hopper_kernel(
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
         BLOCK_M, STAGES, rope_desc, KV_FORMAT)
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(
-        STAGES, gather_arrivals(4) if GATHER else 1)   # (the softmax warpgroup issues the gathers)
+        STAGES, gather_arrivals(4) if GATHER else 1, 4 if GATHER else 1)   # (the softmax warpgroup's four warps
+    # issue the gathers, each flagging its own rows)
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)

@@ -104,9 +104,10 @@ def _p_tile(p, TOKEN_AXIS: gl.constexpr):
 
 
 @gluon.jit
-def init_barriers(RING: gl.constexpr, READY_ARRIVALS: gl.constexpr = 1):
+def init_barriers(RING: gl.constexpr, READY_ARRIVALS: gl.constexpr = 1, FLAG_WORDS: gl.constexpr = 1):
     """The FP8 kernels' mbarriers (the table above), initialised: ring ready / empty [RING], p_ready / p_free [2],
-    epi_ready, epi_free; and the ring's bad-page flags [RING, 1]. READY_ARRIVALS: ring.ready's arrivals (1: the
+    epi_ready, epi_free; and the ring's bad-page flags [RING, FLAG_WORDS] (FLAG_WORDS: 1, or a gather ring's issuing
+    warps, each with a word of its own). READY_ARRIVALS: ring.ready's arrivals (1: the
     TMA issuer's expect; the gather ring's: the issuing warpgroup's 128 threads, each as its copies land)."""
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     kv_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)
@@ -123,5 +124,5 @@ def init_barriers(RING: gl.constexpr, READY_ARRIVALS: gl.constexpr = 1):
         mbarrier.init(p_free.index(i), count=2)
     mbarrier.init(epi_ready, count=1)
     mbarrier.init(epi_free, count=2)
-    bad = gl.allocate_shared_memory(gl.int32, [RING, 1], FLAG_SMEM)
+    bad = gl.allocate_shared_memory(gl.int32, [RING, FLAG_WORDS], FLAG_SMEM)
     return kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad

@@ -30,7 +30,6 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ..constants import (BEGIN_PAGE, BEGIN_REQ, BEGIN_REQ_PAGES, BEGIN_SPLIT, D_LATENT, END_PAGE, END_REQ,
                          END_REQ_PAGES, FP8_ROPE_BF16, PAGE_SIZE, ROPE_OFFSET, ROW_BYTES, SCALE_OFFSET)
 from ..triton_compat import aggregate, cp_async_load, reinterpret, tma_load
-from .layouts import LAT_SMEM
 
 
 @gluon.jit
@@ -180,8 +179,8 @@ def topk_length_bad(sparse, req, seqlen):
 
 @gluon.jit
 def gather_cursor_start(part, table, sparse, HAS_TOPK_LENGTH: gl.constexpr):
-    """load_cursor_start for the gather ring: the cursor and its page's indices. The issuer reads each page's
-    indices one load ahead, so that read's latency hides behind a page of work."""
+    """load_cursor_start for the gather ring: the cursor and its page's indices. The issuer
+    reads each page's indices one load ahead, so that read's latency hides behind a page of work."""
     cursor = part_start(part)
     return cursor, gather_indices(table, sparse, cursor, gather_layout(16, gl.num_warps()), HAS_TOPK_LENGTH)
 
@@ -202,7 +201,38 @@ def _gather_rows(dst, row_ptr, ok, col0: gl.constexpr, LAYOUT: gl.constexpr):
     cp_async_load(dst, (row_ptr.to(gl.pointer_type(dst.dtype)) + col0)[:, None] + cols[None, :], mask=ok[:, None])
 
 
-FLAG_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))   # [n, 1]: [1] a slot
+# the latent tile [64, 512] as its four 128-byte swizzle blocks [4, 64, 128] (the same bytes: LAT_SMEM's swizzle)
+LAT_CHUNKS_SMEM = gl.constexpr(gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=8, rank=3))
+
+
+@gluon.jit
+def _gather_latent(chunks, row_ptr, ok):
+    """cp.async of the rows' latent bytes into chunks [D_LATENT / LAT_CHUNK, rows, LAT_CHUNK] (LAT_SMEM's swizzle
+    blocks) as one copy: a copy per block would be separate writes into one buffer, each fenced from the next by a
+    barrier of the issuing warps."""
+    L3: gl.constexpr = gl.BlockedLayout([1, 1, 16], [1, 4, 8], [1, gl.num_warps(), 1], [2, 1, 0])
+    row_l: gl.constexpr = gl.SliceLayout(0, gl.SliceLayout(2, L3))
+    row_ptr = gl.convert_layout(row_ptr, row_l, assert_trivial=True)
+    ok = gl.convert_layout(ok, row_l, assert_trivial=True)
+    c = gl.arange(0, chunks.shape[0], gl.SliceLayout(1, gl.SliceLayout(2, L3)))
+    cols = gl.arange(0, LAT_CHUNK, gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    ptrs = (row_ptr.to(gl.pointer_type(chunks.dtype))[None, :, None] + (c * LAT_CHUNK)[:, None, None]
+            + cols[None, None, :])
+    cp_async_load(chunks, ptrs, mask=ok[None, :, None])
+
+
+@gluon.jit
+def _put_warp_flags(slot, outside):
+    """Each issuing warp's flag word in slot [warps] := whether any of its rows (outside [N], gather_layout's rows:
+    bits 0-1 in lanes, then the warps, then registers) is outside the cache: a max within each warp, no barrier
+    across them."""
+    W: gl.constexpr = gl.num_warps()
+    x = gl.reshape(outside.to(gl.int32), [outside.shape[0] // (4 * W), W, 4])
+    slot.store(gl.max(gl.max(x, axis=2), axis=0))
+
+
+# [n, words]: a slot's flag words (1, or a gather ring's issuing warps')
+FLAG_SMEM = gl.constexpr(gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0]))
 
 
 @gluon.jit
@@ -249,9 +279,16 @@ class Ring:
 
     @gluon.jit
     def page_outside(self, pos):
-        """Whether ring position pos's block-table entry was outside the cache (after wait)."""
+        """Whether ring position pos's block-table entry (or index) was outside the cache (after wait): the slot's
+        flag, or (the gather ring) any of its issuing warps' flags."""
         RING: gl.constexpr = self.lat.shape[0]
-        return get_flag(self.bad.index(pos % RING))
+        slot = self.bad.index(pos % RING)
+        if self.bad.shape[1] == 1:
+            outside = get_flag(slot)
+        else:   # every thread reads every word
+            words: gl.constexpr = gl.BlockedLayout([self.bad.shape[1]], [32], [gl.num_warps()], [0])
+            outside = gl.max(slot.load(words), axis=0) != 0
+        return outside
 
     @gluon.jit
     def wait(self, pos, GATHERED: gl.constexpr = False):
@@ -294,19 +331,19 @@ class Ring:
         """cp.async the 64 cache rows idx names (gather_indices') into ring position pos's slot, once the page before
         it there is released; the slot's ready barrier counts the issuing partition's threads' arrivals
         (gather_arrivals), each when its copies have landed. A row -1 is zero-filled (V 0, no NaN); one outside the
-        cache too, and it flags the slot (Ring.bad). cache: (the cache's bytes, its rows). The 656-byte formats."""
+        cache too, and it flags the slot (Ring.bad: a word per issuing warp). cache: (the cache's bytes, its rows).
+        The 656-byte formats."""
         kv_ptr, cache_rows = cache
         RING: gl.constexpr = self.lat.shape[0]
         s = pos % RING
         mbarrier.wait(self.empty.index(s), ((pos // RING) & 1) ^ 1)
         outside = (idx < -1) | (idx >= cache_rows)
-        put_flag(self.bad.index(s), gl.max(outside.to(gl.int32), axis=0))   # before the arrival that publishes it
+        _put_warp_flags(self.bad.index(s), outside)   # before the arrival that publishes the slot
         ok = (idx >= 0) & (idx < cache_rows)
         row_ptr = kv_ptr + gl.where(ok, idx, 0).to(gl.int64) * ROW_BYTES
-        chunks = reinterpret(self.lat.index(s), self.lat.dtype, [D_LATENT // LAT_CHUNK, PAGE_SIZE, LAT_CHUNK], LAT_SMEM)
-        ROWS: gl.constexpr = gather_layout(16, gl.num_warps())
-        for c in gl.static_range(D_LATENT // LAT_CHUNK):
-            _gather_rows(chunks.index(c), row_ptr, ok, c * LAT_CHUNK, ROWS)
+        chunks = reinterpret(self.lat.index(s), self.lat.dtype, [D_LATENT // LAT_CHUNK, PAGE_SIZE, LAT_CHUNK],
+                             LAT_CHUNKS_SMEM)
+        _gather_latent(chunks, row_ptr, ok)
         _gather_rows(self.rope.index(s), row_ptr, ok, ROPE_OFFSET // 2, gather_layout(8, gl.num_warps()))
         _gather_rows(self.scale.index(s), row_ptr, ok, SCALE_OFFSET // 4, gather_layout(4, gl.num_warps()))
         async_copy.mbarrier_arrive(self.ready.index(s), increment_count=False)

@@ -25,7 +25,7 @@ from .epilogue import pv_epilogue_t
 from .handshakes import P_BUFFERS, Handoff, init_barriers
 from .layouts import HALF, LAT_SMEM, LEFT, RIGHT, SCALE_COLS, VEC_SMEM, dim_bit as _d, token_bit as _t
 from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, q_base
-from .ring import (Ring, advance, gather_arrivals, gather_indices, gather_layout, load_cursor_start, load_cursor_step,
+from .ring import (Ring, gather_arrivals, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
                    open_part, part_start, planned_for, request_range, topk_length_bad)
 from .softmax import (key_limits, largest_scale, no_scales, o_scale, score_scale_log2, softmax_epilogue,
                       softmax_page_t, token_scales)
@@ -33,10 +33,14 @@ from .transpose import transpose_next
 
 PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
 LOAD_REGS = gl.constexpr(24)   # the load warp's (setmaxnreg's least)
-# the gather ring's load warp holds 16 rows' addresses a thread (64 rows over 4 lanes down) and their indices; the
-# softmax warpgroup gets 256 - this. At 96 no partition spills with ptxas 12.9 (Triton 3.8+; 88: 8-16 bytes, 56:
-# 248), nor with 12.8 (Triton 3.6-3.7) at 16 rows; 32 rows spill 48 bytes there (104: 76, 88: 40)
-GATHER_LOAD_REGS = gl.constexpr(96)
+# the gather ring's load warps hold 4 rows' addresses a thread (64 rows over 4 lanes x 4 warps down) and their
+# indices, and the next page's; the softmax warpgroup gets 256 - this. Stack bytes of the sparse 16 / 32-row
+# kernels (rope_bf16, ds_mla) with ptxas 12.8 (Triton 3.6): 96: 0 56 48 272; 80: 0 32 40 184; 64: 0 0 56 144;
+# 56: 0 16 24 104; with 12.9 (3.9) at 64: 0 0 24 8
+GATHER_LOAD_REGS = gl.constexpr(64)
+# the gather ring's issuers: a page is 64 rows x 41 copies of 16 bytes, 82 cp.async a lane from one warp; four
+# (the registers are the padded warpgroup's anyway) issue a quarter each
+GATHER_WARPS = gl.constexpr(4)
 
 
 @triton.constexpr_function
@@ -64,16 +68,16 @@ def rows_per_cta(rows: int) -> int:
 def q_low_part(rows, kv_format, q_fp8, gather):
     """Whether a bf16 q goes in as two e4m3 parts, q = (hi + lo) * its row's descale (load_q's q_lo), both parts'
     products in the latent accumulators: in the sparse call's fp8_ds_mla reading, whose error is otherwise q's e4m3
-    rounding, where lo's 8 KB fit beside the ring (16 rows). (The fp8_rope_bf16 reading took 18% longer so, its
-    one latent accumulator a chain of 32 wgmmas: docs/design.md.)"""
-    return gather and not q_fp8 and rows == 16 and kv_format == FP8_DS_MLA
+    rounding (lo: 8 KB at 16 rows; 16 KB at 32, for a ring of two pages: ring_pages). (The fp8_rope_bf16 reading
+    took 18% longer so, its one latent accumulator a chain of 32 wgmmas: docs/design.md.)"""
+    return gather and not q_fp8 and kv_format == FP8_DS_MLA
 
 
 @triton.constexpr_function
-def ring_pages(rows, kv_format):
-    """KV pages in flight per CTA: 4 where they fit in shared memory (16 rows with the fp8 cache: 220 KB), else
-    3."""
-    return 4 if rows == 16 and kv_format == FP8 else 3
+def ring_pages(rows, kv_format, q_lo):
+    """KV pages in flight per CTA: 4 where they fit in shared memory (16 rows with the fp8 cache: 220 KB), else 3;
+    2 at 32 rows with q's second part (16 KB)."""
+    return 4 if rows == 16 and kv_format == FP8 else 2 if rows == 32 and q_lo else 3
 
 
 @gluon.jit
@@ -209,13 +213,12 @@ def _load_wg(sched, table, descs, cache, sparse, ring, KV_FORMAT: gl.constexpr, 
     by cp.async (the gather ring; the warp waits for each page's indices, its ring pages ahead)."""
     part = open_part(sched)
     loaded = 0
-    if GATHER:
-        cursor = part_start(part)
+    if GATHER:   # each page's indices read one page ahead, so their latency hides behind the page before's copies
+        cursor, idx = gather_cursor_start(part, table, sparse, HAS_TOPK_LENGTH)
         while cursor[2]:
-            idx = gather_indices(table, sparse, cursor, gather_layout(16, gl.num_warps()), HAS_TOPK_LENGTH)
             ring.gather(cache, idx, loaded)
             loaded += 1
-            cursor = advance(part, cursor)
+            cursor, idx = gather_cursor_step(part, table, sparse, cursor, HAS_TOPK_LENGTH)
     else:
         load_cursor, load_page = load_cursor_start(part, table)
         while load_cursor[2]:
@@ -302,7 +305,7 @@ def mla_decode_hopper_small_kernel(
     """fp8.py's parameters, and ROWS; a sparse call (GATHER) as fp8.py's, its pages gathered by the load warp."""
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
-        ROWS, ring_pages(ROWS, KV_FORMAT), rope_desc, KV_FORMAT)
+        ROWS, ring_pages(ROWS, KV_FORMAT, q_low_part(ROWS, KV_FORMAT, Q_FP8, GATHER)), rope_desc, KV_FORMAT)
     if q_low_part(ROWS, KV_FORMAT, Q_FP8, GATHER):
         q_lo = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_LATENT], LAT_SMEM)
     else:
@@ -310,7 +313,8 @@ def mla_decode_hopper_small_kernel(
     red = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], RED_SMEM)    # per page parity, warp: row maxima
     red_scale = gl.allocate_shared_memory(gl.float32, [2, 4], VEC_SMEM)    # ... and the largest token scale
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(
-        k_lat.shape[0], gather_arrivals(1) if GATHER else 1)   # (the load warp issues the gathers)
+        k_lat.shape[0], gather_arrivals(GATHER_WARPS) if GATHER else 1, GATHER_WARPS if GATHER else 1)   # (the
+    # load warps issue the gathers, each flagging its own rows)
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)
@@ -323,4 +327,4 @@ def mla_decode_hopper_small_kernel(
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, RIGHT)),
         (_load_wg, (sched, (block_table_ptr, stride_bt, num_pages), (lat_desc, rope_desc, scale_desc),
                     (kv_ptr, num_pages * PAGE_SIZE), sparse, ring, KV_FORMAT, GATHER, HAS_TOPK_LENGTH)),
-    ], [4, 4, 1], [PV_REGS_SMALL, PV_REGS_SMALL, GATHER_LOAD_REGS if GATHER else LOAD_REGS])
+    ], [4, 4, GATHER_WARPS if GATHER else 1], [PV_REGS_SMALL, PV_REGS_SMALL, GATHER_LOAD_REGS if GATHER else LOAD_REGS])
