@@ -50,7 +50,7 @@ PATHS = [("fp8_rope_bf16", False), ("fp8", True), ("bf16", False), ("fp8", False
 CASES = [(1, 16, [200, 0, 77], False), (2, 16, [300, 1000], True), (2, 64, [1000, 64], True),
          (4, 128, [129, 700, 5, 2100], True), (2, 64, [1, 65], True)]
 TIMED = [(64, 2, 64), (128, 1, 16)]   # b, s_q, h_q at 8192 tokens each, causal
-SPARSE_TIMED = [(64, 1, 128), (128, 2, 128), (64, 1, 64), (64, 1, 16)]   # b, s_q, h_q of --sparse
+SPARSE_TIMED = [(64, 1, 128), (128, 2, 128), (64, 1, 64), (64, 2, 32), (64, 1, 16)]   # b, s_q, h_q of --sparse
 
 
 def load_tree(root, name: str):
