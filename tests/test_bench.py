@@ -12,7 +12,7 @@ from fp8mla import reference_mla_decode
 from fp8mla.__main__ import main
 from fp8mla.bench import peers, run
 from fp8mla.bench.metrics import decode_bytes, decode_flops, format_speed, needle_report, output_error, speed
-from fp8mla.bench.report import markdown
+from fp8mla.bench.report import markdown, write_report
 from fp8mla.bench.run import Config, add_speedups, configs_from_args, our_method, peer_method, run_suite
 from fp8mla.inputs import make_problem, plant_needles
 
@@ -313,6 +313,41 @@ def test_speedups_and_failures_in_the_table():
     assert "| b=64 s_q=2 h_q=64 sk=8192 causal | fp8mla fp8 (hopper) | 0.110 ms, 1327 TFLOPS, 5520 GB/s | " \
            "0.112 ms | 123 | 2.00× FlashMLA dense FP8 | 1.00e-03 |" in table
     assert "|  | FA3-MLA BF16 | **failed**: RuntimeError: a \\| b |" in table
+
+
+def test_sparse_report_plots_the_speedups(tmp_path):
+    """A timed suite's report: the table, the JSON, the TFLOPS plot and a bar per fp8mla method and config of its
+    speedup over the peer (here the sparse suite's one, FlashMLA's sparse kernel); no speedup plot where no peer
+    was timed, no plot at all for the accuracy suite."""
+    rows = []
+    for b in (1, 8, 64):
+        config = Config(b, 1, 128, 8192, causal=False, topk=2048)
+        base = dict(config=vars(config), label=config.label, error=None, cos_diff=2e-3, rmse=1e-3, amax=1e-2,
+                    lse_err=0.0)
+        config_rows = [dict(base, method=f"fp8mla {f} (hopper)", kind="fp8", peer=False, ms=0.05 * b ** 0.5,
+                            tflops=b, gbps=b) for f in ("fp8_ds_mla", "fp8_rope_bf16")]
+        config_rows.append(dict(base, method="FlashMLA sparse", kind="fp8", peer=True, ms=0.06 * b ** 0.5, tflops=b,
+                                gbps=b))
+        add_speedups(config_rows)   # (per config, as run_suite does)
+        rows += config_rows
+    assert rows[0]["speedup"] == {"FlashMLA sparse": pytest.approx(1.2)}
+    messages = []
+    write_report(rows, "sparse", torch.device("cpu"), "c", str(tmp_path), messages.append)
+    report = json.loads((tmp_path / "sparse.json").read_text())
+    for name in ("tflops_vs_batch.png", "speedup_vs_peers.png"):
+        png = (tmp_path / name).read_bytes()
+        assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 5000, name
+    assert report["plot"].endswith("tflops_vs_batch.png") and report["speedup_plot"].endswith("speedup_vs_peers.png")
+    alone = [dict(r, speedup={}) for r in rows if not r["peer"]]
+    write_report(alone, "sparse", torch.device("cpu"), "c", str(tmp_path / "alone"), messages.append)
+    assert json.loads((tmp_path / "alone" / "sparse.json").read_text())["speedup_plot"] is None
+    assert not (tmp_path / "alone" / "speedup_vs_peers.png").exists()
+    assert any(m.startswith("speedup plot: skipped") for m in messages)
+    accuracy = [dict(r, config=dict(r["config"], name="randn")) for r in alone]
+    for r in accuracy:
+        del r["ms"], r["speedup"]
+    write_report(accuracy, "accuracy", torch.device("cpu"), "c", str(tmp_path / "acc"), messages.append)
+    assert sorted(p.name for p in (tmp_path / "acc").iterdir()) == ["accuracy.json", "accuracy.md"]
 
 
 # ---- the whole bench pipeline in the interpreter ----

@@ -62,7 +62,7 @@ def parser() -> argparse.ArgumentParser:
                     "graph-replay and eager ms, TFLOPS, GB/s, host "
                     "us per call, speedups over the peers of the same kind, and each output's error against an fp32 "
                     "reference. Without size options it runs the default suite (about 3 minutes on an H200). "
-                    "Results go to --out as markdown, JSON and a plot; progress goes to stderr."))
+                    "Results go to --out as markdown, JSON and two plots; progress goes to stderr."))
     demo = commands.add_parser(
         "demo", formatter_class=formatter, help="accuracy of every cache format on a small batch (CPU or GPU)",
         description="Decodes a small batch with every cache format (bf16, fp8 with a bf16 or an e4m3 q, "

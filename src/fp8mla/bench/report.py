@@ -1,5 +1,6 @@
 """The bench's output: a markdown table (stdout and ``<suite>.md``), every number in ``<suite>.json``, and for
-the speed suite a plot of TFLOPS against batch size (``tflops_vs_batch.png``, if matplotlib is installed)."""
+a timed suite (speed, sparse) a plot of TFLOPS against batch size (``tflops_vs_batch.png``) and one of each fp8mla
+method's speedup over the peers of its kind (``speedup_vs_peers.png``), if matplotlib is installed."""
 from __future__ import annotations
 
 import datetime
@@ -104,14 +105,28 @@ def _finite(x):
     return x
 
 
-def plot_tflops(rows: list[dict], path: str) -> str | None:
-    """TFLOPS vs b, one line per method, for the configs that differ only in b (the largest such group).
-    Returns the path, or None without matplotlib or without a timed row."""
+def _axes(width: float):
+    """A figure's axes, 5 inches high (None without matplotlib)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
         return None
+    fig = Figure(figsize=(width, 5))
+    FigureCanvasAgg(fig)
+    return fig.subplots()
+
+
+def _save(ax, path: str) -> str:
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the axes: it hides no point
+    ax.figure.tight_layout()
+    ax.figure.savefig(path, dpi=120)
+    return path
+
+
+def plot_tflops(rows: list[dict], path: str) -> str | None:
+    """TFLOPS vs b, one line per method, for the configs that differ only in b (the largest such group).
+    Returns the path, or None without matplotlib or without a timed row."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         if "tflops" in row:
@@ -120,9 +135,9 @@ def plot_tflops(rows: list[dict], path: str) -> str | None:
     if not groups:
         return None
     group = max(groups.values(), key=lambda g: len({r["config"]["b"] for r in g}))
-    fig = Figure(figsize=(10, 5))
-    FigureCanvasAgg(fig)
-    ax = fig.subplots()
+    ax = _axes(10)
+    if ax is None:
+        return None
     for method in dict.fromkeys(r["method"] for r in group):
         mine = [r for r in group if r["method"] == method]
         points = sorted((r["config"]["b"], r["tflops"]) for r in mine)
@@ -136,24 +151,55 @@ def plot_tflops(rows: list[dict], path: str) -> str | None:
     ax.set_ylabel("TFLOPS (FlashMLA's formula)")
     ax.set_title("MLA decode, " + group[0]["label"].split(" ", 1)[1])
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))   # beside the axes: it hides no point
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return path
+    return _save(ax, path)
+
+
+def plot_speedups(rows: list[dict], path: str) -> str | None:
+    """Each fp8mla row's speedup over each peer of its kind (graph time), bars grouped by config, a line at 1x.
+    Returns the path, or None without matplotlib or without a speedup."""
+    bars = {}   # (fp8mla method, peer) -> {config label: speedup}
+    for row in rows:
+        for peer, x in row.get("speedup", {}).items():
+            bars.setdefault((row["method"], peer), {})[row["label"]] = x
+    if not bars:
+        return None
+    labels = list(dict.fromkeys(row["label"] for row in rows))
+    width = 0.8 / len(bars)
+    ax = _axes(max(8, 1.2 * len(labels)))
+    if ax is None:
+        return None
+    for i, ((method, peer), by_label) in enumerate(bars.items()):
+        xs = [j + (i - (len(bars) - 1) / 2) * width for j, label in enumerate(labels) if label in by_label]
+        ax.bar(xs, [by_label[label] for label in labels if label in by_label], width,
+               label=f"{method} vs {peer}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    common = [w for w in labels[0].split() if all(w in label.split() for label in labels)]   # into the title
+    ax.set_xticks(range(len(labels)), ["\n".join(w for w in label.split() if w not in common) for label in labels],
+                  fontsize=8)
+    ax.set_ylabel("speedup (peer's CUDA-graph time / fp8mla's)")
+    ax.set_title(f"MLA decode{', ' + ' '.join(common) if common else ''}\n"
+                 "fp8mla's speedup over each peer of its kind, same run", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    return _save(ax, path)
 
 
 def write_report(rows: list[dict], suite: str, device: torch.device, command: str, out_dir: str, progress) -> str:
-    """Write ``<suite>.md``, ``<suite>.json`` (and the plot) to ``out_dir``; return the markdown."""
+    """Write ``<suite>.md``, ``<suite>.json`` (and the plots of a timed suite) to ``out_dir``; return the
+    markdown."""
     os.makedirs(out_dir, exist_ok=True)
     env = environment(device, command)
     table = markdown(rows, suite, env)
     with open(os.path.join(out_dir, f"{suite}.md"), "w") as f:
         f.write(table)
-    plot = None
-    if suite == "speed":
+    plot = speedup_plot = None
+    if suite != "accuracy":
         plot = plot_tflops(rows, os.path.join(out_dir, "tflops_vs_batch.png"))
         progress(f"plot: {plot}" if plot else "plot: skipped (matplotlib missing or nothing timed)")
+        speedup_plot = plot_speedups(rows, os.path.join(out_dir, "speedup_vs_peers.png"))
+        progress(f"plot: {speedup_plot}" if speedup_plot else
+                 "speedup plot: skipped (matplotlib missing or no peer timed beside fp8mla)")
     with open(os.path.join(out_dir, f"{suite}.json"), "w") as f:
-        json.dump(_finite(dict(environment=env, formulas=FORMULAS, suite=suite, plot=plot, rows=rows)), f, indent=1)
+        json.dump(_finite(dict(environment=env, formulas=FORMULAS, suite=suite, plot=plot, speedup_plot=speedup_plot,
+                               rows=rows)), f, indent=1)
     progress(f"wrote {suite}.md and {suite}.json to {out_dir}")
     return table

@@ -364,7 +364,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=25, help="do_bench warmup of the eager calls, ms")
     parser.add_argument("--rep", type=int, default=100, help="do_bench repetition time, ms")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    parser.add_argument("--out", default="bench-out", help="folder for the table, JSON and plot")
+    parser.add_argument("--out", default="bench-out", help="folder for the table, JSON and plots")
     parser.add_argument("--allow-cpu", action="store_true", help=argparse.SUPPRESS)  # tests: interpreter, tiny sizes
 
 
