@@ -133,3 +133,27 @@ def test_hopper_check_sparse_ab_checks_and_times_every_tree(tmp_path, monkeypatc
     rows = [line for line in out.splitlines() if line.startswith("| sparse")]
     assert len(rows) == 2 * 2 and all(row.rstrip().endswith("| 1.250 |") for row in rows), out
     assert calls.count("other") == calls.count("working tree") == 2 * 2 * 2
+
+
+def test_gather_ceiling_kernel_sums_the_rows_the_indices_name(device):
+    """gather_ceiling's kernel (the speed-of-light gather) reads exactly the rows the bench's indices name: its
+    per-program sums equal torch's, on a tail program and with -1 entries too; and the draw is the bench's."""
+    gather_ceiling = pytest.importorskip("gather_ceiling")
+    from fp8mla.inputs import make_sparse_problem, sparse_indices
+
+    g = torch.Generator(device=device)
+    g.manual_seed(3)
+    indices, num_pages = sparse_indices(2, 2, 40, 150, g)
+    assert (indices == -1).any() and indices.max() < num_pages * 64
+    cache = torch.randint(-2**31, 2**31 - 1, (num_pages * 64, gather_ceiling.ROW_WORDS), dtype=torch.int32,
+                          device=device)
+    flat = indices.reshape(-1)   # 160 indices: at 64 rows a program, a tail of 32
+    for rows in (16, 64):
+        sums = gather_ceiling.gather_sums(cache, flat, rows)
+        assert sums.shape == (-(-160 // rows),)
+        assert torch.equal(sums.cpu(), gather_ceiling.reference_sums(cache, flat, rows).cpu())
+    cache[flat[5].long(), 7] += 1   # one word of a row program 0 names: its sum moves, as torch's does
+    moved = gather_ceiling.gather_sums(cache, flat, 64)
+    assert moved[0] != sums[0] and torch.equal(moved.cpu(), gather_ceiling.reference_sums(cache, flat, 64).cpu())
+    p = make_sparse_problem(2, 2, 16, 40, 150, device=device, seed=3)
+    assert torch.equal(p.indices, indices)   # the problem's indices are sparse_indices' draw

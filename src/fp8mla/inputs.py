@@ -92,6 +92,24 @@ class SparseProblem:
         return dict(q=self.q, k_cache=k_cache, descale_k=descale_k)
 
 
+def sparse_indices(b: int, s_q: int, topk: int, context: int, generator: torch.Generator,
+                   skipped: int = 7) -> tuple[torch.Tensor, int]:
+    """(indices [b, s_q, topk] int32, the cache's pages): each batch entry's ``context`` tokens on shuffled pages
+    of a cache of ``b * pages + 2``, each query token attending to ``topk`` of them drawn without repeats (every
+    ``skipped``-th -1; with context < topk the rest repeats), drawn on the generator's device."""
+    device = generator.device
+    pages = -(-context // PAGE_SIZE)
+    num_pages = b * pages + 2
+    order = torch.randperm(num_pages, generator=generator, device=device)[:b * pages].view(b, pages)
+    picks = torch.rand(b, s_q, max(context, topk), generator=generator, device=device).argsort(dim=-1)[..., :topk]
+    picks = picks % context
+    rows = order.gather(1, (picks // PAGE_SIZE).view(b, -1)).view(b, s_q, topk) * PAGE_SIZE + picks % PAGE_SIZE
+    indices = rows.int()
+    if skipped:
+        indices[..., ::skipped] = -1
+    return indices, num_pages
+
+
 def make_sparse_problem(b: int, s_q: int, h_q: int, topk: int, context: int | None = None, device=None,
                         group_scales=GROUP_SCALES, skipped: int = 7, seed: int | None = None) -> SparseProblem:
     """A random sparse (DeepSeek V3.2) decode problem: each batch entry has ``context`` cached tokens (default
@@ -101,15 +119,7 @@ def make_sparse_problem(b: int, s_q: int, h_q: int, topk: int, context: int | No
     device = torch.device(device or "cpu")
     g = torch.Generator(device=device)
     g.manual_seed(seed if seed is not None else int(torch.randint(0, 2**62, ())))
-    context = context or 2 * topk
-    pages = -(-context // PAGE_SIZE)
-    num_pages = b * pages + 2
-    order = torch.randperm(num_pages, generator=g, device=device)[:b * pages].view(b, pages)
-    picks = torch.rand(b, s_q, max(context, topk), generator=g, device=device).argsort(dim=-1)[..., :topk] % context
-    rows = order.gather(1, (picks // PAGE_SIZE).view(b, -1)).view(b, s_q, topk) * PAGE_SIZE + picks % PAGE_SIZE
-    indices = rows.int()
-    if skipped:
-        indices[..., ::skipped] = -1
+    indices, num_pages = sparse_indices(b, s_q, topk, context or 2 * topk, g, skipped)
     kv = torch.randn(num_pages * PAGE_SIZE, D_QK, generator=g, device=device)
     for i, f in enumerate(group_scales):
         kv[:, i * D_LATENT // len(group_scales):(i + 1) * D_LATENT // len(group_scales)] *= f
