@@ -145,8 +145,7 @@ def test_gather_ceiling_kernel_sums_the_rows_the_indices_name(device):
     g.manual_seed(3)
     indices, num_pages = sparse_indices(2, 2, 40, 150, g)
     assert (indices == -1).any() and indices.max() < num_pages * 64
-    cache = torch.randint(-2**31, 2**31 - 1, (num_pages * 64, gather_ceiling.ROW_WORDS), dtype=torch.int32,
-                          device=device)
+    cache = torch.randint(0, 2**16, (num_pages * 64, gather_ceiling.ROW_WORDS), dtype=torch.int32, device=device)
     flat = indices.reshape(-1)   # 160 indices: at 64 rows a program, a tail of 32
     for rows in (16, 64):
         sums = gather_ceiling.gather_sums(cache, flat, rows)
