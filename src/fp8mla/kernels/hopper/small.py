@@ -34,9 +34,7 @@ from .transpose import transpose_next
 PV_REGS_SMALL = gl.constexpr(128)   # registers per thread: 65536 / 512 (the load warp is padded to a warpgroup)
 LOAD_REGS = gl.constexpr(24)   # the load warp's (setmaxnreg's least)
 # the gather ring's load warps hold 4 rows' addresses a thread (64 rows over 4 lanes x 4 warps down) and their
-# indices, and the next page's; the softmax warpgroup gets 256 - this. Stack bytes of the sparse 16 / 32-row
-# kernels (rope_bf16, ds_mla) with ptxas 12.8 (Triton 3.6): 96: 0 56 48 272; 80: 0 32 40 184; 64: 0 0 56 144;
-# 56: 0 16 24 104; with 12.9 (3.9) at 64: 0 0 24 8
+# indices, and the next page's; the softmax warpgroup gets 256 - this, which spills least at 64 (docs/design.md)
 GATHER_LOAD_REGS = gl.constexpr(64)
 # the gather ring's issuers: a page is 64 rows x 41 copies of 16 bytes, 82 cp.async a lane from one warp; four
 # (the registers are the padded warpgroup's anyway) issue a quarter each
