@@ -87,6 +87,8 @@ def main(argv=None):
     parser.add_argument("--rows", type=int, nargs="+", default=[16, 32], help="rows a program loads (powers of 2, at most 128)")
     parser.add_argument("--rounds", type=int, default=5, help="timing rounds (medians)")
     args = parser.parse_args(argv)
+    if any(r < 1 or r > 128 or r & (r - 1) for r in args.rows):
+        parser.error(f"--rows takes powers of 2 up to 128, got {args.rows}")
     device = torch.device("cuda")
     src = torch.empty(2**28, dtype=torch.int32, device=device)
     dst = torch.empty_like(src)

@@ -156,3 +156,5 @@ def test_gather_ceiling_kernel_sums_the_rows_the_indices_name(device):
     assert moved[0] != sums[0] and torch.equal(moved.cpu(), gather_ceiling.reference_sums(cache, flat, 64).cpu())
     p = make_sparse_problem(2, 2, 16, 40, 150, device=device, seed=3)
     assert torch.equal(p.indices, indices)   # the problem's indices are sparse_indices' draw
+    with pytest.raises(SystemExit):   # (before any GPU work)
+        gather_ceiling.main(["--rows", "24"])
