@@ -29,7 +29,7 @@ from .handshakes import Handoff, init_barriers
 from .layouts import (BLOCK_M, HALF, LEFT, O_ACC, PV_REGS, RIGHT, ROPE_PV_REGS, S_BF16, S_FP8, SCALE_COLS, STAGES,
                       VEC_SMEM, dim_bit as _d, token_bit as _t)
 from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, q_base, quantize_half
-from .ring import (Ring, gather_arrivals, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
+from .ring import (Ring, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
                    open_part, part_start, planned_for, request_range, topk_length_bad)
 from .softmax import (ROW_LANES, key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page,
                       token_scales)
@@ -251,8 +251,7 @@ def mla_decode_hopper_kernel(
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
         BLOCK_M, STAGES, rope_desc, KV_FORMAT)
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(
-        STAGES, gather_arrivals(4) if GATHER else 1, 4 if GATHER else 1)   # (the softmax warpgroup's four warps
-    # issue the gathers, each flagging its own rows)
+        STAGES, gl.num_warps() if GATHER else 0)   # (the softmax warpgroup, the launch's warps, issues the gathers)
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)

@@ -28,7 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from ..triton_compat import aggregate
-from .ring import FLAG_SMEM
+from .ring import FLAG_SMEM, gather_arrivals
 
 P_BUFFERS = gl.constexpr(2)   # P and alpha are double-buffered in the FP8 kernels
 
@@ -104,11 +104,13 @@ def _p_tile(p, TOKEN_AXIS: gl.constexpr):
 
 
 @gluon.jit
-def init_barriers(RING: gl.constexpr, READY_ARRIVALS: gl.constexpr = 1, FLAG_WORDS: gl.constexpr = 1):
+def init_barriers(RING: gl.constexpr, GATHER_WARPS: gl.constexpr = 0):
     """The FP8 kernels' mbarriers (the table above), initialised: ring ready / empty [RING], p_ready / p_free [2],
-    epi_ready, epi_free; and the ring's bad-page flags [RING, FLAG_WORDS] (FLAG_WORDS: 1, or a gather ring's issuing
-    warps, each with a word of its own). READY_ARRIVALS: ring.ready's arrivals (1: the
-    TMA issuer's expect; the gather ring's: the issuing warpgroup's 128 threads, each as its copies land)."""
+    epi_ready, epi_free; and the ring's bad-page flags [RING, words]. GATHER_WARPS: 0 for a TMA ring (ready: the
+    issuer's one expect; one flag word a slot), else the gather ring's issuing warps (ready: their threads, each as
+    its copies land; a flag word a warp)."""
+    READY_ARRIVALS: gl.constexpr = gather_arrivals(GATHER_WARPS) if GATHER_WARPS else 1
+    FLAG_WORDS: gl.constexpr = GATHER_WARPS if GATHER_WARPS else 1
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     kv_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)
     kv_empty = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)

@@ -179,8 +179,8 @@ def topk_length_bad(sparse, req, seqlen):
 
 @gluon.jit
 def gather_cursor_start(part, table, sparse, HAS_TOPK_LENGTH: gl.constexpr):
-    """load_cursor_start for the gather ring: the cursor and its page's indices. The issuer
-    reads each page's indices one load ahead, so that read's latency hides behind a page of work."""
+    """load_cursor_start for the gather ring: the cursor and its page's indices. The issuer reads each page's
+    indices one load ahead, so that read's latency hides behind a page of work."""
     cursor = part_start(part)
     return cursor, gather_indices(table, sparse, cursor, gather_layout(16, gl.num_warps()), HAS_TOPK_LENGTH)
 

@@ -25,7 +25,7 @@ from .epilogue import pv_epilogue_t
 from .handshakes import P_BUFFERS, Handoff, init_barriers
 from .layouts import HALF, LAT_SMEM, LEFT, RIGHT, SCALE_COLS, VEC_SMEM, dim_bit as _d, token_bit as _t
 from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, q_base
-from .ring import (Ring, gather_arrivals, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
+from .ring import (Ring, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
                    open_part, part_start, planned_for, request_range, topk_length_bad)
 from .softmax import (key_limits, largest_scale, no_scales, o_scale, score_scale_log2, softmax_epilogue,
                       softmax_page_t, token_scales)
@@ -302,17 +302,17 @@ def mla_decode_hopper_small_kernel(
         HAS_TOPK_LENGTH: gl.constexpr, HAS_SINK: gl.constexpr, ROWS: gl.constexpr):
     """fp8.py's parameters, and ROWS; a sparse call (GATHER) as fp8.py's, its pages gathered by the load warp."""
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
+    Q_LO: gl.constexpr = q_low_part(ROWS, KV_FORMAT, Q_FP8, GATHER)
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
-        ROWS, ring_pages(ROWS, KV_FORMAT, q_low_part(ROWS, KV_FORMAT, Q_FP8, GATHER)), rope_desc, KV_FORMAT)
-    if q_low_part(ROWS, KV_FORMAT, Q_FP8, GATHER):
+        ROWS, ring_pages(ROWS, KV_FORMAT, Q_LO), rope_desc, KV_FORMAT)
+    if Q_LO:
         q_lo = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_LATENT], LAT_SMEM)
     else:
         q_lo = q_lat
     red = gl.allocate_shared_memory(gl.float32, [2, 4, ROWS], RED_SMEM)    # per page parity, warp: row maxima
     red_scale = gl.allocate_shared_memory(gl.float32, [2, 4], VEC_SMEM)    # ... and the largest token scale
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(
-        k_lat.shape[0], gather_arrivals(GATHER_WARPS) if GATHER else 1, GATHER_WARPS if GATHER else 1)   # (the
-    # load warps issue the gathers, each flagging its own rows)
+        k_lat.shape[0], GATHER_WARPS if GATHER else 0)   # (the load warps issue the gathers)
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)
