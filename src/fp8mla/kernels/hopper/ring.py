@@ -244,7 +244,9 @@ def put_flag(slot, value):
 
 @gluon.jit
 def get_flag(slot):
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
+    """Whether any of a slot's flag words ([words] int32: 1, or a gather ring's issuing warps') is set; every thread
+    reads every word."""
+    layout: gl.constexpr = gl.BlockedLayout([slot.shape[0]], [32], [gl.num_warps()], [0])
     return gl.max(slot.load(layout), axis=0) != 0
 
 
@@ -282,13 +284,7 @@ class Ring:
         """Whether ring position pos's block-table entry (or index) was outside the cache (after wait): the slot's
         flag, or (the gather ring) any of its issuing warps' flags."""
         RING: gl.constexpr = self.lat.shape[0]
-        slot = self.bad.index(pos % RING)
-        if self.bad.shape[1] == 1:
-            outside = get_flag(slot)
-        else:   # every thread reads every word
-            words: gl.constexpr = gl.BlockedLayout([self.bad.shape[1]], [32], [gl.num_warps()], [0])
-            outside = gl.max(slot.load(words), axis=0) != 0
-        return outside
+        return get_flag(self.bad.index(pos % RING))
 
     @gluon.jit
     def wait(self, pos, GATHERED: gl.constexpr = False):
