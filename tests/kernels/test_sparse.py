@@ -26,6 +26,17 @@ def make_sparse(b, s_q, h_q, topk, pages=8, seed=0, device="cpu", **kw):
     return p.q, p.kv, p.indices, p.topk_length, p.attn_sink
 
 
+def e4m3_rows(q):
+    """q whose latent part [..., :512] a bf16 q's quantization (amax / 448 a row) takes to e4m3 exactly: each row's
+    latent values rounded to e4m3 in units of a power of two, its largest set to +-448 units."""
+    lat = q[..., :512].float()
+    unit = torch.exp2(torch.ceil(torch.log2(lat.abs().amax(-1, keepdim=True) / 448)))
+    vals = (lat / unit).to(torch.float8_e4m3fn).float()
+    top = vals.abs().argmax(-1, keepdim=True)
+    vals.scatter_(-1, top, 448 * torch.where(vals.gather(-1, top) < 0, -1.0, 1.0))
+    return torch.cat([(vals * unit).to(q.dtype), q[..., 512:]], -1)
+
+
 def sparse(q, cache, indices, **kw):
     schedule, _ = get_mla_metadata()
     return flash_mla_with_kvcache(q, cache, None, None, 512, schedule, None, indices=indices, **kw)
@@ -109,8 +120,10 @@ def test_split_requests(kv_format, h_q, device, monkeypatch):
 def test_group_descales_read_per_group(device):
     """A cache whose four descales differ is right only when read per group, and validate says so when it is not;
     fp8mla's own writer's cache reads the same either way (bit for bit in the portable kernel; on Hopper the group
-    reading sums four FP8 products in fp32, which rounds other than one product's accumulation in the tensor core,
-    and at 16 rows adds q's second part)."""
+    reading sums four FP8 products in fp32, which rounds other than one product's accumulation in the tensor core).
+    That comparison takes a q whose latent rows are e4m3 values times a power of two with one at +-448 (e4m3_rows),
+    so the group reading's second part of q (the rows' e4m3 rounding error) is 0 and both readings multiply the
+    same q: with this randn q, q's two parts alone put them 1.1e-3 apart (cos_diff, emulated in torch)."""
     q, kv, indices, _, _ = make_sparse(1, 1, 16, 64, device=device, seed=3)
     ref, _ = reference_sparse_mla_decode(q, kv, indices)
     ds_mla, _ = quantize_kv_cache(kv, "fp8_ds_mla")
@@ -121,6 +134,7 @@ def test_group_descales_read_per_group(device):
     with pytest.raises(ValueError, match="four descales differ"):
         sparse(q, ds_mla, indices, kv_format="fp8_rope_bf16", validate=True)
     own, _ = quantize_kv_cache(kv, "fp8_rope_bf16")
+    q = e4m3_rows(q)
     a, a_lse = sparse(q, own, indices, kv_format="fp8_rope_bf16", validate=True)
     b, b_lse = sparse(q, own, indices, kv_format="fp8_ds_mla")
     if device.type == "cpu":
