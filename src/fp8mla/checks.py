@@ -284,15 +284,15 @@ _topk_seqlens: dict = {}     # (requests, topk, device) -> [requests] int32 of t
 def _topk_of(requests: int, topk: int, device) -> torch.Tensor:
     """Each of a sparse call's requests has topk tokens (the schedule's and the combine's seqlens), one tensor per
     shape kept, so a CUDA graph keeps reading the same memory (made by the shape's first call: let it be an eager
-    one: a fill captured in a graph would happen only at its replays, so a capture is refused)."""
+    one: a fill captured in a graph would happen only at its replays, so a capture is refused). Kept for the
+    process's life: a graph does not keep alive what it reads, and an engine captures one a batch size (often more
+    than 64), so a dropped tensor's memory could be another's at a replay; each is requests * 4 bytes."""
     key = (requests, topk, device)
     if key not in _topk_seqlens:
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise ValueError(f"the first sparse call of {requests} query tokens of topk {topk} is being captured in a "
                              "CUDA graph: make one eager call of this shape first (it makes the tensor of topk each "
                              "that its schedule and kernels read)")
-        if len(_topk_seqlens) >= 64:
-            _topk_seqlens.clear()
         _topk_seqlens[key] = torch.full((requests,), topk, dtype=torch.int32, device=device)
     return _topk_seqlens[key]
 

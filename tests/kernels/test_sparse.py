@@ -298,6 +298,48 @@ def test_dense_validate_reads_the_descales_of_the_requests_tokens(device):
         flash_mla_with_kvcache(p.q, cache, p.block_table, p.cache_seqlens, 512, meta, splits, validate=True)
 
 
+def test_topk_seqlens_outlive_many_shapes(device):
+    """The tensor of topk each that a sparse shape's schedule and kernels read (made by its first call) is the same
+    after calls of 100 other shapes, as an engine makes capturing a CUDA graph a batch size: a graph does not keep
+    alive what it reads."""
+    from fp8mla import checks
+    q, kv, indices, _, _ = make_sparse(1, 1, 16, 64, device=device, seed=5)
+    cache, _ = quantize_kv_cache(kv.nan_to_num(0.0), "fp8_rope_bf16")
+    schedule, _ = get_mla_metadata()
+
+    def seqlens(b):
+        args = (q.repeat(b, 1, 1, 1), cache, indices.repeat(b, 1, 1), None, None, 512, schedule, None, None,
+                False, None, None, "fp8_rope_bf16", None, None)
+        return checks.check_sparse(*args).cache_seqlens
+
+    first = seqlens(1)
+    for b in range(2, 102):
+        assert seqlens(b).tolist() == [64] * b
+    assert seqlens(1) is first
+
+
+@pytest.mark.gpu
+def test_graph_replays_right_after_other_shapes():
+    """A captured sparse step replays right after eager calls of 100 other batch sizes have come and gone (the
+    memory they freed filled with other values), as an engine that captures one graph a batch size runs them."""
+    device = torch.device("cuda")
+    q, kv, indices, topk_length, sink = make_sparse(3, 1, 64, 128, device=device, pages=8, seed=9)
+    cache, _ = quantize_kv_cache(kv.nan_to_num(0.0), "fp8_rope_bf16")
+    args = dict(topk_length=topk_length, attn_sink=sink, kv_format="fp8_rope_bf16")
+    schedule, _ = get_mla_metadata()
+    flash_mla_with_kvcache(q, cache, None, None, 512, schedule, None, indices=indices, **args)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        g_out, g_lse = flash_mla_with_kvcache(q, cache, None, None, 512, schedule, None, indices=indices, **args)
+    for b in range(4, 104):   # (each shape's first call is eager, as the capture requires)
+        sparse(q[:1].repeat(b, 1, 1, 1), cache, indices[:1].repeat(b, 1, 1), kv_format="fp8_rope_bf16")
+    junk = [torch.full((n,), -7, dtype=torch.int32, device=device) for n in range(1, 400)]
+    graph.replay()
+    ref, ref_lse = sparse(q, cache, indices, **args)
+    del junk
+    assert torch.equal(g_out, ref) and torch.equal(g_lse, ref_lse)
+
+
 @pytest.mark.gpu
 def test_first_call_of_a_shape_is_not_captured():
     """A sparse shape's first call makes its tensor of topk each; captured, that fill would only happen at replays,
