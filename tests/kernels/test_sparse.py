@@ -7,7 +7,7 @@ import torch
 
 from fp8mla import (KV_FORMATS, cal_diff, empty_kv_cache, flash_mla_with_kvcache, get_mla_metadata,
                     quantize_kv_cache, write_kv_cache)
-from fp8mla.formats import PAGE_SIZE
+from fp8mla.formats import D_LATENT, FP8_DTYPE, FP8_MAX, PAGE_SIZE
 from fp8mla.inputs import GROUP_SCALES, make_sparse_problem
 from fp8mla.reference import reference_sparse_mla_decode
 
@@ -27,14 +27,14 @@ def make_sparse(b, s_q, h_q, topk, pages=8, seed=0, device="cpu", **kw):
 
 
 def e4m3_rows(q):
-    """q whose latent part [..., :512] a bf16 q's quantization (amax / 448 a row) takes to e4m3 exactly: each row's
-    latent values rounded to e4m3 in units of a power of two, its largest set to +-448 units."""
-    lat = q[..., :512].float()
-    unit = torch.exp2(torch.ceil(torch.log2(lat.abs().amax(-1, keepdim=True) / 448)))
-    vals = (lat / unit).to(torch.float8_e4m3fn).float()
+    """q whose latent part a bf16 q's quantization (amax / FP8_MAX a row) takes to e4m3 exactly: each row's latent
+    values rounded to e4m3 in units of a power of two, its largest set to +-FP8_MAX units."""
+    lat = q[..., :D_LATENT].float()
+    unit = torch.exp2(torch.ceil(torch.log2(lat.abs().amax(-1, keepdim=True) / FP8_MAX)))
+    vals = (lat / unit).to(FP8_DTYPE).float()
     top = vals.abs().argmax(-1, keepdim=True)
-    vals.scatter_(-1, top, 448 * torch.where(vals.gather(-1, top) < 0, -1.0, 1.0))
-    return torch.cat([(vals * unit).to(q.dtype), q[..., 512:]], -1)
+    vals.scatter_(-1, top, FP8_MAX * torch.where(vals.gather(-1, top) < 0, -1.0, 1.0))
+    return torch.cat([(vals * unit).to(q.dtype), q[..., D_LATENT:]], -1)
 
 
 def sparse(q, cache, indices, **kw):
