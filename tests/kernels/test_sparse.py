@@ -105,9 +105,10 @@ def test_preallocated_outputs_and_e4m3_q(device):
 @ON_BOTH
 def test_split_requests(kv_format, h_q, device, monkeypatch):
     """Few query tokens with many indices: the schedule cuts each into pieces, which the combine merges (and its
-    attention sink applies there)."""
+    attention sink applies there). 16 SMs: the parts are SMs per row block of the decoder's CTAs, and at 8 the
+    32-row CTAs (fp8_ds_mla at 64 heads on Hopper) got 4 parts, too few for the schedule to cut a token's 7 pages."""
     from fp8mla import runtime
-    monkeypatch.setattr(runtime, "sm_count", lambda device=None: 8)
+    monkeypatch.setattr(runtime, "sm_count", lambda device=None: 16)
     q, kv, indices, topk_length, sink = make_sparse(1, 2, h_q, 400, seed=2, device=device)
     cache, _ = quantize_kv_cache(kv, kv_format)
     schedule, _ = get_mla_metadata()
