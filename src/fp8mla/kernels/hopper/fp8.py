@@ -1,6 +1,7 @@
 """The 64-row Hopper kernel for the FP8 cache formats: one CTA works through one part of the split-KV schedule for
-64 query rows, with three warp-specialised warpgroups (12 warps: ptxas compiles every partition under the
-launch's 65536 / 384 = 168-register cap, and a PV warpgroup's 64 x 256 fp32 accumulator alone takes 128):
+64 query rows, with three warp-specialised warpgroups (12 warps, 65536 / 384 = 168 registers a thread on
+average; a PV warpgroup's 64 x 256 fp32 accumulator alone takes 128, and its one m64n256 wgmma needs the launch's
+cap to be >= 154, which a fourth warpgroup would lower to 128: docs/design.md):
 
   softmax WG   issues the TMA loads of each page into the STAGES-slot ring (ring.py); per page:
                S = q_lat.k_lat^T (FP8 wgmma) scaled + q_rope.k_rope^T (fp8_rope_bf16: BF16 wgmma, its own
