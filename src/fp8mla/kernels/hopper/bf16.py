@@ -207,7 +207,7 @@ def _pv_wg(descs, table, shape, sched, outs, ring, hand, WG: gl.constexpr, ABLAT
                         load_cursor, load_page = load_cursor_step(part, table, load_cursor)
 
             # ---- a request's end: O times 1 / l -> out (a request with one split) or its partial slot ----
-            pv_epilogue(o, req, begin_req, R, sched, outs, hand, n_req, WG, False)
+            pv_epilogue((o, ), req, begin_req, R, sched, outs, hand, n_req, WG, False)
             n_req += 1
 
 

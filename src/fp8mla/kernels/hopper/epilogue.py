@@ -3,6 +3,7 @@
 """
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma_wait
 
 from ..constants import D_LATENT
 from .layouts import BLOCK_M, HALF, O_GROUP, V_CHUNK
@@ -10,16 +11,38 @@ from .ring import split_slot
 
 
 @gluon.jit
+def pieces_wait(o):
+    """A PV warpgroup's O (or O^T) pieces, a tuple of one or two accumulators, once their P.V is done."""
+    if len(o) == 1:
+        return (warpgroup_mma_wait(0, deps=[o[0]]), )
+    else:
+        return warpgroup_mma_wait(0, deps=[o[0], o[1]])
+
+
+@gluon.jit
 def pv_epilogue(o, req, begin_req, R, sched, outs, hand, n_req, WG: gl.constexpr, VT_ORDER: gl.constexpr):
-    """The 64-row kernels: this warpgroup's [64, 256] O times the request's O scale (hand.norm), to out or to its
-    partial slot (store_o). outs: (out_ptr, o_part_ptr)."""
+    """The 64-row kernels: this warpgroup's [64, 256] O (a tuple of its pieces: one accumulator, or two [64, 128]
+    halves) times the request's O scale (hand.norm), to out or to its partial slot (store_o). outs:
+    (out_ptr, o_part_ptr)."""
     out_ptr, o_part_ptr = outs
     norm = hand.take_norm(n_req, gl.SliceLayout(1, O_GROUP))   # O's rows, held as the accumulator holds them
     direct, split, owned = split_slot(sched, req, begin_req)
     rows = gl.program_id(1) * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, O_GROUP))
-    _store_o(out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF,
-             o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF, direct, o, norm,
-             (rows < R) & owned, VT_ORDER)
+    out_row = out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF
+    part_row = o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF
+    ok = (rows < R) & owned
+    if len(o) == 1:
+        _store_o(out_row, part_row, direct, o[0], norm, ok, VT_ORDER)
+    else:
+        for h in gl.static_range(2):
+            x = gl.permute(gl.reshape(o[h], [BLOCK_M, 2, 2, 32]), (0, 3, 2, 1))   # [row, n, a bit 0, bit 1]
+            x0, x1 = gl.split(x)
+            g0, g1 = gl.split(x0)
+            g2, g3 = gl.split(x1)
+            _store_group(out_row, part_row, direct, g0, 128 * h, norm, ok, VT_ORDER)
+            _store_group(out_row, part_row, direct, g1, 128 * h + 32, norm, ok, VT_ORDER)
+            _store_group(out_row, part_row, direct, g2, 128 * h + 64, norm, ok, VT_ORDER)
+            _store_group(out_row, part_row, direct, g3, 128 * h + 96, norm, ok, VT_ORDER)
 
 
 @gluon.jit

@@ -25,13 +25,13 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, warpgrou
 
 from ..constants import FP8, FP8_ROPE_BF16, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
 from .ablations import SKIP_REFILLS, SKIP_RESCALE
-from .epilogue import pv_epilogue
+from .epilogue import pieces_wait, pv_epilogue
 from .handshakes import Handoff, init_barriers
 from .layouts import (BLOCK_M, HALF, LEFT, O_ACC, PV_REGS, RIGHT, ROPE_PV_REGS, S_BF16, S_FP8, SCALE_COLS, STAGES,
                       VEC_SMEM, dim_bit as _d, token_bit as _t)
 from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, q_base, quantize_half
-from .ring import (Ring, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
-                   open_part, part_start, planned_for, request_range, topk_length_bad)
+from .ring import (GATHER_WARPS, Ring, fill_ring, load_cursor_start, load_cursor_step, open_part, part_start,
+                   planned_for, request_range, topk_length_bad)
 from .softmax import (ROW_LANES, key_limits, o_scale, score_scale_log2, softmax_epilogue, softmax_page,
                       token_scales)
 from .transpose import transpose_next
@@ -46,6 +46,12 @@ SCALE_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t
                                                      lane_bases=[_t(1), _t(2), [0, 0], [0, 0], [0, 0]],
                                                      warp_bases=[[0, 0], [0, 0]], block_bases=[],
                                                      shape=[64, SCALE_COLS.value]))
+# A sparse call's fourth warpgroup issues the gathers (small.py's load warps): four warpgroups share 512 registers a
+# thread, and each P.V wgmma's operands must fit the launch's cap of 128, so a PV warpgroup's O is two [64, 128]
+# accumulators (docs/design.md)
+GATHER_PV_REGS = gl.constexpr(160)
+GATHER_ISSUER_REGS = gl.constexpr(32)
+O_HALF = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32]))
 # The rows' running sums of P per lane [64 rows, ROW_LANES]: the lanes that hold a row in S_FP8 (token bits 1-2)
 # each sum the 16 tokens they hold; their sums meet once, at the request's end, instead of by shuffles every page
 # (which wait behind the PV warps' shared-memory traffic).
@@ -55,38 +61,15 @@ L_LANES = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_t(3)], lane_bases=
 
 
 @gluon.jit
-def _load_start(part, table, sparse, GATHER: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr):
-    """The load cursor on the part's first page, with what its load needs: the block-table entry, or (GATHER) the
-    page's indices."""
-    if GATHER:
-        return gather_cursor_start(part, table, sparse, HAS_TOPK_LENGTH)
-    else:
-        return load_cursor_start(part, table)
-
-
-@gluon.jit
-def _load(ring, descs, cache, part, table, sparse, load, pos, KV_FORMAT: gl.constexpr, GATHER: gl.constexpr,
-          HAS_TOPK_LENGTH: gl.constexpr):
-    """The load cursor's page into ring position pos (TMA, or the gather ring's cp.async); the cursor one page on."""
-    cursor, page = load
-    if GATHER:
-        ring.gather(cache, page, pos)
-        return gather_cursor_step(part, table, sparse, cursor, HAS_TOPK_LENGTH)
-    else:
-        ring.load(descs, table, page, pos, KV_FORMAT)
-        return load_cursor_step(part, table, cursor)
-
-
-@gluon.jit
-def _softmax_wg(query, shape, sched, table, lse_outs, descs, cache, sparse, scales, q_smem, ring, hand,
+def _softmax_wg(query, shape, sched, table, lse_outs, descs, sparse, scales, q_smem, ring, hand,
                 KV_FORMAT: gl.constexpr, Q_SOURCE: gl.constexpr, CAUSAL: gl.constexpr, ABLATE: gl.constexpr,
                 GATHER: gl.constexpr, HAS_TOPK_LENGTH: gl.constexpr, HAS_SINK: gl.constexpr):
     """query: (q_ptr, its strides of b, s, h); shape: (h_q, s_q, s_q * h_q); table: (block_table_ptr, its row
     stride, the cache's pages); scales: (descale_q_ptr, descale_k_ptr, softmax_scale * log2 e); q_smem: (q_lat,
-    q_rope, the rows' descales and q_ready where the PV warpgroups quantize q). A sparse call (GATHER): table's
-    block table is the indices [requests, topk], cache (the cache's bytes, its rows) what the gather ring reads,
-    and a page's tokens whose index is -1 (or past the request's topk_length), which the ring zero-fills, are
-    masked by their descale 0 (fp8mla's writer gives a row of zeros descale 1: no token it wrote has 0)."""
+    q_rope, the rows' descales and q_ready where the PV warpgroups quantize q). A sparse call (GATHER): the gather
+    warpgroup fills the ring, and a page's tokens whose index is -1 (or past the request's topk_length), which the
+    ring zero-fills, are masked by their descale 0 (fp8mla's writer gives a row of zeros descale 1: no token it
+    wrote has 0)."""
     q_ptr, stride_qb, stride_qs, stride_qh = query
     H, S_Q, R = shape
     descale_q_ptr, descale_k_ptr, sm_scale_log2 = scales
@@ -99,14 +82,17 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, cache, sparse, scal
     sm_scale_log2 = score_scale_log2(sm_scale_log2, descale_q_ptr, descale_k_ptr, KV_FORMAT, Q_FP8)
     part = open_part(sched)
     begin_req = part[3]
-    # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries
-    load = _load_start(part, table, sparse, GATHER, HAS_TOPK_LENGTH)
+    # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries (GATHER: the gather
+    # warpgroup's)
+    load = load_cursor_start(part, table)
     loaded = 0
-    # a loop with a run-time condition, so it is not unrolled: this once-per-CTA code runs from a cold instruction
-    # cache, once per copy
-    while (loaded < STAGES) & load[0][2]:
-        load = _load(ring, descs, cache, part, table, sparse, load, loaded, KV_FORMAT, GATHER, HAS_TOPK_LENGTH)
-        loaded += 1
+    if not GATHER:
+        # a loop with a run-time condition, so it is not unrolled: this once-per-CTA code runs from a cold
+        # instruction cache, once per copy
+        while (loaded < STAGES) & load[0][2]:
+            ring.load(descs, table, load[1], loaded, KV_FORMAT)
+            load = load_cursor_step(part, table, load[0])
+            loaded += 1
     it = 0       # pages consumed (ring position)
     n_req = 0    # requests finished (epilogue barrier phase)
     for req in tl.range(begin_req, part[4] + 1, disable_licm=True):  # nothing hoisted: fewer spilled values
@@ -170,14 +156,14 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, cache, sparse, scal
                 ring.release(it)
                 prev = (acc, k_scale, k_max)
                 it += 1
-                if load[0][2]:  # refill this page's slot once the PV warpgroups have transposed it
-                    if ABLATE & SKIP_REFILLS:
-                        ring.fake_load(loaded)
+                if not GATHER:
+                    if load[0][2]:  # refill this page's slot once the PV warpgroups have transposed it
+                        if ABLATE & SKIP_REFILLS:
+                            ring.fake_load(loaded)
+                        else:
+                            ring.load(descs, table, load[1], loaded, KV_FORMAT)
                         load = load_cursor_step(part, table, load[0])
-                    else:
-                        load = _load(ring, descs, cache, part, table, sparse, load, loaded, KV_FORMAT, GATHER,
-                                     HAS_TOPK_LENGTH)
-                    loaded += 1
+                        loaded += 1
             m_i, l_lanes, v_unit = softmax_page(prev, hi - 1, limits, state, it - 1, sm_scale_log2, hand,
                                                 LOG2_FP8_MAX, L_LANES, KV_FORMAT, ABLATE)
 
@@ -186,6 +172,34 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, cache, sparse, scal
             softmax_epilogue(o_scale(v_unit, descale_k_ptr, KV_FORMAT), m_i, l_i, rows, req, begin_req, bad, shape,
                              sm_scale_log2, sched, lse_outs, hand, n_req, LOG2_FP8_MAX, sparse, GATHER, HAS_SINK)
             n_req += 1
+
+
+@gluon.jit
+def _o_init(GATHER: gl.constexpr):
+    """A PV warpgroup's O [64, 256], as pieces: one accumulator, or (GATHER: four warpgroups) two of [64, 128]."""
+    if GATHER:
+        return (warpgroup_mma_init(gl.zeros([BLOCK_M, HALF // 2], gl.float32, O_HALF)),
+                warpgroup_mma_init(gl.zeros([BLOCK_M, HALF // 2], gl.float32, O_HALF)))
+    else:
+        return (warpgroup_mma_init(gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC)), )
+
+
+@gluon.jit
+def _pv_mma(o, alpha, p, v, ABLATE: gl.constexpr):
+    """O = O * alpha + P.V for O's pieces (each its columns of V), issued (async)."""
+    if len(o) == 1:
+        a = o[0]
+        if not ABLATE & SKIP_RESCALE:
+            a = a * alpha[:, None]
+        return (warpgroup_mma(p, v, a, is_async=True), )
+    else:
+        a = o[0]
+        b = o[1]
+        if not ABLATE & SKIP_RESCALE:
+            a = a * alpha[:, None]
+            b = b * alpha[:, None]
+        return (warpgroup_mma(p, v.slice(0, HALF // 2, dim=1), a, is_async=True),
+                warpgroup_mma(p, v.slice(HALF // 2, HALF // 2, dim=1), b, is_async=True))
 
 
 @gluon.jit
@@ -215,22 +229,20 @@ def _pv_wg(query, shape, sched, outs, sparse, q_smem, ring, vt, hand, WG: gl.con
                 mbarrier.arrive(q_ready)
                 if it == 0:   # the part's first page
                     t_cursor = transpose_next(ring, vt, 0, part, t_cursor, WG, ABLATE)
-            o = warpgroup_mma_init(gl.zeros([BLOCK_M, HALF], gl.float32, O_ACC))
+            o = _o_init(GATHER)
             # nothing hoisted: what a page needs is recomputed, not held through the loop (at ROPE_PV_REGS, ptxas
             # kept a held address in local memory)
             for blk in tl.range(lo, hi, disable_licm=True):
                 pb = it % 2
-                o = warpgroup_mma_wait(0, deps=[o])   # the previous page's P.V: its P and V^T buffers are free
+                o = pieces_wait(o)   # the previous page's P.V: its P and V^T buffers are free
                 if blk > lo:
                     hand.free_p(1 - pb)
                 # the next page's V^T, into the buffer that P.V just released
                 t_cursor = transpose_next(ring, vt, it + 1, part, t_cursor, WG, ABLATE)
-                alpha = hand.wait_p(it, gl.SliceLayout(1, O_ACC))
-                if not ABLATE & SKIP_RESCALE:
-                    o = o * alpha[:, None]
-                o = warpgroup_mma(hand.p.index(pb), vt.index(2 * WG + pb).permute((1, 0)), o, is_async=True)
+                alpha = hand.wait_p(it, gl.SliceLayout(1, o[0].type.layout))
+                o = _pv_mma(o, alpha, hand.p.index(pb), vt.index(2 * WG + pb).permute((1, 0)), ABLATE)
                 it += 1
-            o = warpgroup_mma_wait(0, deps=[o])
+            o = pieces_wait(o)
             hand.free_p((it - 1) % 2)
             pv_epilogue(o, req, begin_req, R, sched, outs, hand, n_req, WG, True)
             n_req += 1
@@ -252,7 +264,7 @@ def mla_decode_hopper_kernel(
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
         BLOCK_M, STAGES, rope_desc, KV_FORMAT)
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(
-        STAGES, gl.num_warps() if GATHER else 0)   # (the softmax warpgroup, the launch's warps, issues the gathers)
+        STAGES, GATHER_WARPS if GATHER else 0)   # (the gather warpgroup issues them)
     ring = Ring(k_lat, k_rope, k_scale, kv_ready, kv_empty, bad)
     hand = Handoff(p_smem, alpha_smem, norm_smem, p_ready, p_free, epi_ready, epi_free)
     sched = (meta, seqlens_ptr, max_pages, num_splits_ptr, B, SLOTS)
@@ -267,13 +279,27 @@ def mla_decode_hopper_kernel(
     query = (q_ptr, stride_qb, stride_qs, stride_qh)
     q_smem = (q_lat, q_rope, q_descale, q_ready)
     sparse = (Q_GROUP, topk_length_ptr, sink_ptr)
-    gl.warp_specialize([
-        (_softmax_wg, (query, (H, S_Q, R), sched, (block_table_ptr, stride_bt, num_pages),
-                       (lse_ptr, lse_part_ptr), (lat_desc, rope_desc, scale_desc), (kv_ptr, num_pages * PAGE_SIZE),
-                       sparse, (descale_q_ptr, descale_k_ptr, sm_scale_log2), q_smem, ring, hand,
-                       KV_FORMAT, Q_SOURCE, CAUSAL, ABLATE, GATHER, HAS_TOPK_LENGTH, HAS_SINK)),
-        (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), sparse, q_smem, ring, vt, hand, LEFT, Q_SOURCE,
-                  ABLATE, GATHER)),
-        (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), sparse, q_smem, ring, vt, hand, RIGHT, Q_SOURCE,
-                  ABLATE, GATHER)),
-    ], [4, 4], [ROPE_PV_REGS if KV_FORMAT == FP8_ROPE_BF16 else PV_REGS] * 2)
+    table = (block_table_ptr, stride_bt, num_pages)
+    descs = (lat_desc, rope_desc, scale_desc)
+    if GATHER:   # (Gluon takes constexprs into a partition only as written in its argument list)
+        gl.warp_specialize([
+            (_softmax_wg, (query, (H, S_Q, R), sched, table, (lse_ptr, lse_part_ptr), descs, sparse,
+                           (descale_q_ptr, descale_k_ptr, sm_scale_log2), q_smem, ring, hand,
+                           KV_FORMAT, Q_SOURCE, CAUSAL, ABLATE, GATHER, HAS_TOPK_LENGTH, HAS_SINK)),
+            (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), sparse, q_smem, ring, vt, hand, LEFT,
+                      Q_SOURCE, ABLATE, GATHER)),
+            (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), sparse, q_smem, ring, vt, hand, RIGHT,
+                      Q_SOURCE, ABLATE, GATHER)),
+            (fill_ring, (sched, table, descs, (kv_ptr, num_pages * PAGE_SIZE), sparse, ring, KV_FORMAT, GATHER,
+                        HAS_TOPK_LENGTH)),
+        ], [4, 4, GATHER_WARPS], [GATHER_PV_REGS, GATHER_PV_REGS, GATHER_ISSUER_REGS])
+    else:
+        gl.warp_specialize([
+            (_softmax_wg, (query, (H, S_Q, R), sched, table, (lse_ptr, lse_part_ptr), descs, sparse,
+                           (descale_q_ptr, descale_k_ptr, sm_scale_log2), q_smem, ring, hand,
+                           KV_FORMAT, Q_SOURCE, CAUSAL, ABLATE, GATHER, HAS_TOPK_LENGTH, HAS_SINK)),
+            (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), sparse, q_smem, ring, vt, hand, LEFT,
+                      Q_SOURCE, ABLATE, GATHER)),
+            (_pv_wg, (query, (H, S_Q, R), sched, (out_ptr, o_part_ptr), sparse, q_smem, ring, vt, hand, RIGHT,
+                      Q_SOURCE, ABLATE, GATHER)),
+        ], [4, 4], [ROPE_PV_REGS if KV_FORMAT == FP8_ROPE_BF16 else PV_REGS] * 2)

@@ -138,6 +138,9 @@ def load_cursor_step(part, table, cursor):
 
 
 # ---- the gather ring (a sparse call): a page is 64 of a request's indices, each a cache row of its own ----
+# the gather ring's issuers: a page is 64 rows x 41 copies of 16 bytes, 82 cp.async a lane from one warp; four
+# (the registers are the padded warpgroup's anyway) issue a quarter each
+GATHER_WARPS = gl.constexpr(4)
 LAT_CHUNK = gl.constexpr(128)   # latent bytes of a row per swizzle block (LAT_SMEM's 128-byte swizzle)
 
 
@@ -350,3 +353,25 @@ class Ring:
         RING: gl.constexpr = self.lat.shape[0]
         mbarrier.wait(self.empty.index(pos % RING), ((pos // RING) & 1) ^ 1)
         mbarrier.arrive(self.ready.index(pos % RING))
+
+
+@gluon.jit
+def fill_ring(sched, table, descs, cache, sparse, ring, KV_FORMAT: gl.constexpr, GATHER: gl.constexpr,
+             HAS_TOPK_LENGTH: gl.constexpr):
+    """A partition of its own (small.py's load warps, fp8.py's gather warpgroup): every page of the part into the
+    ring, as soon as its slot is released: by TMA, or (GATHER) each index's row by cp.async (the gather ring; the
+    warps wait for each page's indices, its ring pages ahead)."""
+    part = open_part(sched)
+    loaded = 0
+    if GATHER:   # each page's indices read one page ahead, so their latency hides behind the page before's copies
+        cursor, idx = gather_cursor_start(part, table, sparse, HAS_TOPK_LENGTH)
+        while cursor[2]:
+            ring.gather(cache, idx, loaded)
+            loaded += 1
+            cursor, idx = gather_cursor_step(part, table, sparse, cursor, HAS_TOPK_LENGTH)
+    else:
+        load_cursor, load_page = load_cursor_start(part, table)
+        while load_cursor[2]:
+            ring.load(descs, table, load_page, loaded, KV_FORMAT)
+            loaded += 1
+            load_cursor, load_page = load_cursor_step(part, table, load_cursor)

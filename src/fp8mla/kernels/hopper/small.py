@@ -21,12 +21,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait
 
 from ..constants import D_LATENT, FP8, FP8_DS_MLA, GROUP, LOG2_FP8_MAX, METADATA_WIDTH, PAGE_SIZE
-from .epilogue import pv_epilogue_t
+from .epilogue import pieces_wait, pv_epilogue_t
 from .handshakes import P_BUFFERS, Handoff, init_barriers
 from .layouts import HALF, LAT_SMEM, LEFT, RIGHT, SCALE_COLS, VEC_SMEM, dim_bit as _d, token_bit as _t
 from .operands import Q_AS_IS, Q_QUANTIZE, allocate_operands, load_q, q_base
-from .ring import (Ring, gather_cursor_start, gather_cursor_step, load_cursor_start, load_cursor_step,
-                   open_part, part_start, planned_for, request_range, topk_length_bad)
+from .ring import (GATHER_WARPS, Ring, fill_ring, open_part, part_start, planned_for, request_range,
+                   topk_length_bad)
 from .softmax import (key_limits, largest_scale, no_scales, o_scale, score_scale_log2, softmax_epilogue,
                       softmax_page_t, token_scales)
 from .transpose import transpose_next
@@ -36,9 +36,6 @@ LOAD_REGS = gl.constexpr(24)   # the load warp's (setmaxnreg's least)
 # the gather ring's load warps hold 4 rows' addresses a thread (64 rows over 4 lanes x 4 warps down) and their
 # indices, and the next page's; the softmax warpgroup gets 256 - this, which spills least at 64 (docs/design.md)
 GATHER_LOAD_REGS = gl.constexpr(64)
-# the gather ring's issuers: a page is 64 rows x 41 copies of 16 bytes, 82 cp.async a lane from one warp; four
-# (the registers are the padded warpgroup's anyway) issue a quarter each
-GATHER_WARPS = gl.constexpr(4)
 
 
 @triton.constexpr_function
@@ -205,27 +202,6 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, sparse, q_smem, ring, han
 
 
 @gluon.jit
-def _load_wg(sched, table, descs, cache, sparse, ring, KV_FORMAT: gl.constexpr, GATHER: gl.constexpr,
-             HAS_TOPK_LENGTH: gl.constexpr):
-    """Every page of the part into the ring, as soon as its slot is released: by TMA, or (GATHER) each index's row
-    by cp.async (the gather ring; the warp waits for each page's indices, its ring pages ahead)."""
-    part = open_part(sched)
-    loaded = 0
-    if GATHER:   # each page's indices read one page ahead, so their latency hides behind the page before's copies
-        cursor, idx = gather_cursor_start(part, table, sparse, HAS_TOPK_LENGTH)
-        while cursor[2]:
-            ring.gather(cache, idx, loaded)
-            loaded += 1
-            cursor, idx = gather_cursor_step(part, table, sparse, cursor, HAS_TOPK_LENGTH)
-    else:
-        load_cursor, load_page = load_cursor_start(part, table)
-        while load_cursor[2]:
-            ring.load(descs, table, load_page, loaded, KV_FORMAT)
-            loaded += 1
-            load_cursor, load_page = load_cursor_step(part, table, load_cursor)
-
-
-@gluon.jit
 def _pv_wg(sched, outs, R, ring, vt, hand, WG: gl.constexpr):
     """O^T[256 WG : 256 (WG + 1), :] for every page of the part (fp8.py's _pv_wg, transposed); fp8_ds_mla's as two
     accumulators, one a latent group, each with its group's P."""
@@ -245,14 +221,14 @@ def _pv_wg(sched, outs, R, ring, vt, hand, WG: gl.constexpr):
             o = _o_init(ROWS, PIECES)
             for blk in range(lo, hi):
                 pb = it % 2
-                o = _o_wait(o)
+                o = pieces_wait(o)
                 if blk > lo:
                     hand.free_p(1 - pb)
                 t_cursor = transpose_next(ring, vt, it + 1, part, t_cursor, WG)
                 alpha = hand.wait_p(it, gl.SliceLayout(0, OT))
                 o = _pv_mma(o, alpha, vt.index(2 * WG + pb), hand.p, pb, WG)
                 it += 1
-            o = _o_wait(o)
+            o = pieces_wait(o)
             hand.free_p((it - 1) % 2)
             pv_epilogue_t(o, req, begin_req, R, sched, outs, hand, n_req, WG)
             n_req += 1
@@ -267,15 +243,6 @@ def _o_init(ROWS: gl.constexpr, PIECES: gl.constexpr):
     else:
         return (warpgroup_mma_init(gl.zeros([GROUP, ROWS], gl.float32, OT)),
                 warpgroup_mma_init(gl.zeros([GROUP, ROWS], gl.float32, OT)))
-
-
-@gluon.jit
-def _o_wait(o):
-    """O^T's pieces, once their P.V is done."""
-    if len(o) == 1:
-        return (warpgroup_mma_wait(0, deps=[o[0]]), )
-    else:
-        return warpgroup_mma_wait(0, deps=[o[0], o[1]])
 
 
 @gluon.jit
@@ -323,6 +290,6 @@ def mla_decode_hopper_small_kernel(
                        red_scale, KV_FORMAT, Q_FP8, CAUSAL, GATHER, HAS_TOPK_LENGTH, HAS_SINK)),
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, LEFT)),
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, RIGHT)),
-        (_load_wg, (sched, (block_table_ptr, stride_bt, num_pages), (lat_desc, rope_desc, scale_desc),
+        (fill_ring, (sched, (block_table_ptr, stride_bt, num_pages), (lat_desc, rope_desc, scale_desc),
                     (kv_ptr, num_pages * PAGE_SIZE), sparse, ring, KV_FORMAT, GATHER, HAS_TOPK_LENGTH)),
     ], [4, 4, GATHER_WARPS if GATHER else 1], [PV_REGS_SMALL, PV_REGS_SMALL, GATHER_LOAD_REGS if GATHER else LOAD_REGS])
