@@ -159,7 +159,7 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, sparse, q_smem, ring, han
     begin_req = part[3]
     it = 0
     n_req = 0
-    for req in range(begin_req, part[4] + 1):
+    for req in tl.range(begin_req, part[4] + 1, disable_licm=True):
         seqlen, lo, hi = request_range(part, req)
         if lo < hi:
             q_scale = gl.convert_layout(
@@ -174,7 +174,7 @@ def _softmax_wg(query, shape, sched, lse_outs, scales, sparse, q_smem, ring, han
             v_unit = gl.to_tensor(1.0)
             state = (m_i, l_acc, v_unit)
             prev = (gl.zeros([PAGE_SIZE, ROWS], gl.float32, ST), no_scales(tok_l, KV_FORMAT))
-            for blk in range(lo, hi):
+            for blk in tl.range(lo, hi, disable_licm=True):
                 # ---- S^T = k_lat.q_lat^T * scales + k_rope.q_rope^T for this page ... ----
                 s = it % RING
                 ring.wait(it, GATHER)
