@@ -1,9 +1,11 @@
 """The 64-row Hopper kernel for the FP8 cache formats: one CTA works through one part of the split-KV schedule for
 64 query rows, with three warp-specialised warpgroups (12 warps, 65536 / 384 = 168 registers a thread on
 average; a PV warpgroup's 64 x 256 fp32 accumulator alone takes 128, and its one m64n256 wgmma needs the launch's
-cap to be >= 154, which a fourth warpgroup would lower to 128: docs/design.md):
+cap to be >= 154), and for a sparse call a fourth that issues the gathers (the cap then 128: each P.V is two
+m64n128 wgmmas; docs/design.md):
 
-  softmax WG   issues the TMA loads of each page into the STAGES-slot ring (ring.py); per page:
+  softmax WG   issues the TMA loads of each page into the STAGES-slot ring (ring.py; a sparse call's gather
+               warpgroup fills the gather ring instead); per page:
                S = q_lat.k_lat^T (FP8 wgmma) scaled + q_rope.k_rope^T (fp8_rope_bf16: BF16 wgmma, its own
                accumulator; fp8: the same FP8 accumulation), then the online softmax of the page before, whose
                Q.K^T it overlaps; hands P (e4m3) and the row rescale factor to the PV warpgroups (softmax.py).
