@@ -31,42 +31,26 @@ def pv_epilogue(o, req, begin_req, R, sched, outs, hand, n_req, WG: gl.constexpr
     out_row = out_ptr + (req * R + rows).to(gl.int64) * D_LATENT + WG * HALF
     part_row = o_part_ptr + (split.to(gl.int64) * R + rows) * D_LATENT + WG * HALF
     ok = (rows < R) & owned
-    if len(o) == 1:
-        _store_o(out_row, part_row, direct, o[0], norm, ok, VT_ORDER)
-    else:
-        for h in gl.static_range(2):
-            x = gl.permute(gl.reshape(o[h], [BLOCK_M, 2, 2, 32]), (0, 3, 2, 1))   # [row, n, a bit 0, bit 1]
-            x0, x1 = gl.split(x)
-            g0, g1 = gl.split(x0)
-            g2, g3 = gl.split(x1)
-            _store_group(out_row, part_row, direct, g0, 128 * h, norm, ok, VT_ORDER)
-            _store_group(out_row, part_row, direct, g1, 128 * h + 32, norm, ok, VT_ORDER)
-            _store_group(out_row, part_row, direct, g2, 128 * h + 64, norm, ok, VT_ORDER)
-            _store_group(out_row, part_row, direct, g3, 128 * h + 96, norm, ok, VT_ORDER)
+    if len(o) == 1:   # (a [64, 256] accumulator as its two [64, 128] halves: a register relabel)
+        o = gl.split(gl.permute(gl.reshape(o[0], [BLOCK_M, 2, HALF // 2]), (0, 2, 1)))
+    for h in gl.static_range(2):
+        _store_half(out_row, part_row, direct, o[h], h * (HALF // 2), norm, ok, VT_ORDER)
 
 
 @gluon.jit
-def _store_o(out_row, part_row, direct, o, norm, ok, VT_ORDER: gl.constexpr):
-    """This warpgroup's [64, 256] O times norm (per row): to out (bf16) if direct, else to its partial slot (bf16
-    for the FP8 formats, fp32 for bf16: the store casts), at X_row[row] + dim. One 32-column group a (column
-    32a + n) at a time, so few registers are in flight.
+def _store_half(out_row, part_row, direct, o, col0: gl.constexpr, norm, ok, VT_ORDER: gl.constexpr):
+    """A [64, 128] half of this warpgroup's O, columns col0.., times norm (per row): to out (bf16) if direct, else
+    to its partial slot (bf16 for the FP8 formats, fp32 for bf16: the store casts), at X_row[row] + dim. One
+    32-column group a (column 32a + n) at a time, so few registers are in flight.
     VT_ORDER: O's columns are in V^T's permuted dim order (see _store_group)."""
-    x = gl.permute(gl.reshape(o, [BLOCK_M, 2, 2, 2, 32]), (0, 4, 3, 2, 1))   # [row, n, a bit 0, bit 1, bit 2]
+    x = gl.permute(gl.reshape(o, [BLOCK_M, 2, 2, 32]), (0, 3, 2, 1))   # [row, n, a bit 0, bit 1]
     x0, x1 = gl.split(x)
-    x00, x01 = gl.split(x0)
-    x10, x11 = gl.split(x1)
-    g0, g1 = gl.split(x00)
-    g2, g3 = gl.split(x01)
-    g4, g5 = gl.split(x10)
-    g6, g7 = gl.split(x11)
-    _store_group(out_row, part_row, direct, g0, 0, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g1, 32, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g2, 64, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g3, 96, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g4, 128, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g5, 160, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g6, 192, norm, ok, VT_ORDER)
-    _store_group(out_row, part_row, direct, g7, 224, norm, ok, VT_ORDER)
+    g0, g1 = gl.split(x0)
+    g2, g3 = gl.split(x1)
+    _store_group(out_row, part_row, direct, g0, col0, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g1, col0 + 32, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g2, col0 + 64, norm, ok, VT_ORDER)
+    _store_group(out_row, part_row, direct, g3, col0 + 96, norm, ok, VT_ORDER)
 
 
 @gluon.jit

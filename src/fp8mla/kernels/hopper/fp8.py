@@ -84,13 +84,11 @@ def _softmax_wg(query, shape, sched, table, lse_outs, descs, sparse, scales, q_s
     sm_scale_log2 = score_scale_log2(sm_scale_log2, descale_q_ptr, descale_k_ptr, KV_FORMAT, Q_FP8)
     part = open_part(sched)
     begin_req = part[3]
-    # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries (GATHER: the gather
-    # warpgroup's)
-    load = load_cursor_start(part, table)
-    loaded = 0
-    if not GATHER:
-        # a loop with a run-time condition, so it is not unrolled: this once-per-CTA code runs from a cold
-        # instruction cache, once per copy
+    if not GATHER:   # (a sparse call's gather warpgroup fills the ring)
+        # the TMA cursor runs STAGES pages ahead of the consumer, across request boundaries; a loop with a run-time
+        # condition, so it is not unrolled: this once-per-CTA code runs from a cold instruction cache, once per copy
+        load = load_cursor_start(part, table)
+        loaded = 0
         while (loaded < STAGES) & load[0][2]:
             ring.load(descs, table, load[1], loaded, KV_FORMAT)
             load = load_cursor_step(part, table, load[0])
