@@ -5,6 +5,7 @@ import torch
 from fp8mla import cal_diff, flash_mla_with_kvcache, get_mla_metadata, reference_mla_decode
 from fp8mla.inputs import make_problem
 from fp8mla.kernels import HOPPER_FORMATS
+from fp8mla.kernels.triton_compat import GROUPED_64_ROWS
 
 
 @pytest.fixture(scope="module")
@@ -16,8 +17,8 @@ Q_KINDS = ["fp8_rope_bf16", "fp8", "fp8, fp8 q"]   # a cache format, and the q t
 SMALL_VARIANTS = [f"hopper_small{rows}[{kind}]" for rows in (16, 32) for kind in Q_KINDS]
 FP8_VARIANTS = [f"hopper[{kind}]" for kind in Q_KINDS]
 VARIANTS = ["hopper[bf16]"] + FP8_VARIANTS
-SPARSE_VARIANTS = ["hopper_sparse[fp8_rope_bf16]"] + [f"hopper_small_sparse{rows}[{f}]" for rows in (16, 32)
-                                                       for f in ("fp8_rope_bf16", "fp8_ds_mla")]
+SPARSE_VARIANTS = [f"hopper_sparse[{f}]" for f in ("fp8_rope_bf16", "fp8_ds_mla")] + [
+    f"hopper_small_sparse{rows}[{f}]" for rows in (16, 32) for f in ("fp8_rope_bf16", "fp8_ds_mla")]
 
 
 def test_sass_variants_cover_the_supported_formats(hopper_sass):
@@ -41,6 +42,23 @@ def test_sass_group_descales_keep_the_fp8_products(hopper_sass, rows):
     four = hopper_sass[f"hopper_small_sparse{rows}[fp8_ds_mla]"]
     assert four["QGMMA"] == one["QGMMA"] + 16 and four["HGMMA"] == one["HGMMA"], four
     assert four["wgmma_shapes"] == one["wgmma_shapes"], four
+
+
+def test_sass_64_row_group_reading(hopper_sass):
+    """fp8.py's fp8_ds_mla reading: the latent Q.K^T as four group products, each with q's second part (16 more
+    k32 wgmmas a page than one descale a row), the same RoPE and P.V wgmmas; P single-buffered for lo's 32 KB."""
+    four, one = hopper_sass["hopper_sparse[fp8_ds_mla]"], hopper_sass["hopper_sparse[fp8_rope_bf16]"]
+    assert four["QGMMA"] == one["QGMMA"] + 16 and four["HGMMA"] == one["HGMMA"], (four, one)
+    assert four["wgmma_shapes"] == one["wgmma_shapes"] and not four["wgmma_serialized"], four
+    assert four["shared"] <= 227 * 1024, four
+
+
+def test_sass_64_row_group_reading_spills_only_where_unselected(hopper_sass):
+    """The 64-row fp8_ds_mla reading is selected (GROUPED_64_ROWS) only on the releases that compile it with a few
+    spilled values (Triton 3.9: 48 bytes); 3.6's hundreds of bytes made it slower than the 32-row CTAs it would
+    replace. Fails either way the compile moves: then the gate (triton_compat) is to move with it."""
+    r = hopper_sass["hopper_sparse[fp8_ds_mla]"]
+    assert (r["stack"] <= 64) == GROUPED_64_ROWS, r
 
 
 @pytest.mark.parametrize("rows", [16, 32])
@@ -89,8 +107,9 @@ def test_sass_output_stores_are_16_byte_vectors(hopper_sass, variant):
     assert r["STG"] - r["STG.E.128"] <= 8, r
 
 
-# (hopper_sparse keeps 8 bytes outside its loops under Triton 3.6's ptxas: its four warpgroups, docs/design.md)
-@pytest.mark.parametrize("variant", VARIANTS + SMALL_VARIANTS + SPARSE_VARIANTS[1:])
+# (hopper_sparse keeps 8 bytes outside its loops under Triton 3.6's ptxas: its four warpgroups; its fp8_ds_mla
+# reading spills, test_sass_64_row_group_reading_spills_only_where_unselected; docs/design.md)
+@pytest.mark.parametrize("variant", VARIANTS + SMALL_VARIANTS + SPARSE_VARIANTS[2:])
 def test_sass_has_no_local_memory(hopper_sass, variant):
     r = hopper_sass[variant]
     assert (r["stack"], r["LDL"], r["STL"]) == (0, 0, 0), r

@@ -71,8 +71,10 @@ def test_without_topk_length_or_sink(device):
 
 # (on an sm_90 GPU the last two run on the Hopper kernels' gather rings: fp8_rope_bf16, the 64-row kernel's and the
 # small-rows kernel's)
-ON_BOTH = pytest.mark.parametrize("kv_format,h_q", [("fp8_ds_mla", 16), ("fp8_ds_mla", 64), ("fp8_rope_bf16", 64),
-                                                    ("fp8_rope_bf16", 16)])
+KERNEL_CASES = [("fp8_ds_mla", 16), ("fp8_ds_mla", 64), ("fp8_rope_bf16", 64), ("fp8_rope_bf16", 16)]
+ON_BOTH = pytest.mark.parametrize("kv_format,h_q", KERNEL_CASES)
+# and fp8_ds_mla at 128 heads (the 64-row kernel where GROUPED_64_ROWS) for bad data
+ON_BOTH_BAD = pytest.mark.parametrize("kv_format,h_q", KERNEL_CASES + [("fp8_ds_mla", 128)])
 
 
 def test_schedule_replanned_for_another_shape(device):
@@ -156,7 +158,7 @@ def test_writer(kv_format, device):
     assert torch.equal(cache, quantize_kv_cache(kv, kv_format)[0])
 
 
-@ON_BOTH
+@ON_BOTH_BAD
 def test_bad_indices_mark_their_token(kv_format, h_q, device):
     """An index below -1 or past the cache, or a topk_length outside [0, topk], NaN-marks the query tokens it
     touches (and is never read); the others come back right; validate=True names the argument."""
@@ -183,7 +185,7 @@ def test_bad_indices_mark_their_token(kv_format, h_q, device):
     assert out[2].isnan().all() and not out[:2].isnan().any()
 
 
-@ON_BOTH
+@ON_BOTH_BAD
 def test_all_skipped(kv_format, h_q, device):
     """A query token whose indices are all -1 (or whose topk_length is 0) sees nothing: out 0, lse +inf."""
     q, kv, indices, topk_length, sink = make_sparse(2, 1, h_q, 64, device=device, seed=5)
@@ -231,9 +233,9 @@ def test_flashmla_sparse_metadata_call(device):
                                             (5, 2, 32, 700), (2, 2, 16, 130)])
 @pytest.mark.parametrize("kv_format", ["fp8_rope_bf16", "fp8_ds_mla"])
 def test_hopper_gather_ring(b, s_q, h_q, topk, kv_format):
-    """The Hopper kernels on the gather ring (64 rows; at most 32: the small-rows kernel's load warp gathers;
-    fp8_ds_mla: the small-rows kernel, 32 rows a CTA) against the reference, their schedule as planned (few parts
-    a query token at b=2, a part each at b=5)."""
+    """The Hopper kernels on the gather ring (64 rows; at most 32: the small-rows kernel's load warps gather;
+    fp8_ds_mla up to 64 heads: the small-rows kernel, 32 rows a CTA), both readings, against the reference, their
+    schedule as planned (few parts a query token at b=2, a part each at b=5)."""
     device = torch.device("cuda")
     q, kv, indices, topk_length, sink = make_sparse(b, s_q, h_q, topk, pages=80, device=device)
     cache, _ = quantize_kv_cache(kv, kv_format)
@@ -243,11 +245,34 @@ def test_hopper_gather_ring(b, s_q, h_q, topk, kv_format):
 
 
 @pytest.mark.hopper
-@pytest.mark.parametrize("h_q", [16, 32, 64])
-def test_hopper_small_rows_q_in_two_parts(h_q):
-    """The small-rows kernel's fp8_ds_mla reading (16 and 32 rows a CTA; 64 heads: two CTAs of 32) takes a bf16 q
-    as two e4m3 parts (hi + lo): its error is well below that of the same q rounded to e4m3 per row first (where lo
-    is 0), which is what one e4m3 part would give."""
+@pytest.mark.parametrize("h_q", [16, 64, 128])
+def test_hopper_zero_group_descale(h_q):
+    """A vLLM cache may hold a latent group whose descale is 0 (an all-zero group: 2^ceil(log2(0 / 448)) = 0): that
+    group adds nothing and the token's other groups count as they are. The 64-row kernel, which rescales its one
+    score accumulator from each group's descales to the next's, takes such a descale as 2^-32 of the token's
+    largest instead of dividing by 0."""
+    device = torch.device("cuda")
+    q, kv, indices, topk_length, sink = make_sparse(2, 1, h_q, 700, pages=80, device=device, seed=7)
+    rows = kv.shape[0] * kv.shape[1]
+    zeroed = torch.arange(rows, device=device) % 3 == 0   # every third row: group 1 (and for every sixth, 3) zero
+    flat = kv.view(rows, -1)
+    flat[zeroed, 128:256] = 0
+    flat[zeroed & (torch.arange(rows, device=device) % 2 == 0), 384:512] = 0
+    cache, _ = quantize_kv_cache(kv, "fp8_ds_mla")
+    scales = cache.view(rows, -1).view(torch.float32)[:, 128:132]   # the row's four descales (bytes 512-527)
+    scales[flat[:, 128:256].abs().amax(-1) == 0, 1] = 0.0
+    scales[flat[:, 384:512].abs().amax(-1) == 0, 3] = 0.0
+    out, lse = sparse(q, cache, indices, topk_length=topk_length, attn_sink=sink, kv_format="fp8_ds_mla",
+                      backend="hopper")
+    check(out, lse, *reference_sparse_mla_decode(q, kv, indices, topk_length, sink), "fp8_ds_mla")
+
+
+@pytest.mark.hopper
+@pytest.mark.parametrize("h_q", [16, 32, 64, 128])
+def test_hopper_q_in_two_parts(h_q):
+    """The fp8_ds_mla reading (the small-rows kernel at 16 and 32 rows, 32-row CTAs of it at 64, the 64-row kernel
+    at 128 where GROUPED_64_ROWS) takes a bf16 q as two e4m3 parts (hi + lo): its error is well below that of the
+    same q rounded to e4m3 per row first (where lo is 0), which is what one e4m3 part would give."""
     kv_format = "fp8_ds_mla"
     device = torch.device("cuda")
     q, kv, indices, topk_length, sink = make_sparse(2, 1, h_q, 2048, pages=80, device=device, seed=6)

@@ -6,8 +6,9 @@
   hopper_small   Gluon sm_90a, the FP8 caches with at most 32 query rows a request (s_q * h_q): the rows on the
                  wgmma's N, so nothing is padded to 64
   hopper         Gluon sm_90a, the FP8 caches, 64 query rows a CTA
-  hopper_sparse  hopper's kernel on the sparse call's gather ring (cp.async of each index's row), read with one
-                 descale a row ("fp8_rope_bf16": fp8mla's writer's caches), at least 33 query rows (h_q)
+  hopper_sparse  hopper's kernel on the sparse call's gather ring (cp.async of each index's row), at least 33 query
+                 rows (h_q) read with one descale a row ("fp8_rope_bf16": fp8mla's writer's caches); "fp8_ds_mla"
+                 above 64 rows where Triton keeps its loops in registers (triton_compat.GROUPED_64_ROWS)
   hopper_small_sparse   hopper_small's kernel on the gather ring (its load warp gathers), at most 32 query rows;
                  "fp8_ds_mla" too (a descale per 128 latent dims: a Q.K^T and a P a group)
   hopper_small_sparse_wide   hopper_small_sparse's kernel on "fp8_ds_mla" with more rows, 32 a CTA
@@ -31,6 +32,7 @@ import torch
 from ..formats import D_LATENT, KV_FORMATS
 from ..runtime import capability, device_index, interpreter_active
 from ..schedule import ROWS_PER_BLOCK, num_sm_parts
+from .triton_compat import GROUPED_64_ROWS
 
 BACKENDS = ("portable", "hopper")
 FP8_FORMATS = ("fp8", "fp8_rope_bf16")   # the Hopper FP8 kernels' (fp8_ds_mla: the sparse call's alone)
@@ -55,6 +57,8 @@ DECODERS = (
     Decoder("hopper", "hopper", FP8_FORMATS, SMALL_ROWS + 1, None),
     Decoder("hopper_small_sparse", "hopper", ("fp8_rope_bf16", "fp8_ds_mla"), 1, SMALL_ROWS, ("sparse",)),
     Decoder("hopper_sparse", "hopper", ("fp8_rope_bf16",), SMALL_ROWS + 1, None, ("sparse",)),
+    Decoder("hopper_sparse", "hopper", ("fp8_ds_mla",) if GROUPED_64_ROWS else (), ROWS_PER_BLOCK + 1, None,
+            ("sparse",)),
     Decoder("hopper_small_sparse_wide", "hopper", ("fp8_ds_mla",), SMALL_ROWS + 1, None, ("sparse",), SMALL_ROWS),
     Decoder("portable", "portable", KV_FORMATS, 1, None, ("dense", "sparse")),
 )

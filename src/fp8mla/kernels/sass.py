@@ -186,11 +186,12 @@ def hopper_reports(ablate: int = 0) -> list[SassReport]:
                          gluon=True, divisible=TYPICAL_DIVISIBLE, num_warps=4)
         q_kind = ", fp8 q" if q_fp8 else ""
         reports.append(sass_report(k, f"hopper[{fmt}{q_kind}]"))
-        if fmt == "fp8_rope_bf16" and not ablate:   # the sparse call's gather ring (hopper_sparse)
-            k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", Q_GROUP="i32", **types),
-                             {**constexprs, "CAUSAL": False, "ABLATE": 0, **SPARSE_CALL}, gluon=True,
-                             divisible=TYPICAL_DIVISIBLE, num_warps=4)
-            reports.append(sass_report(k, f"hopper_sparse[{fmt}]"))
+        if fmt == "fp8_rope_bf16" and not ablate:   # the sparse call's gather ring (hopper_sparse), both readings
+            for reading in ("fp8_rope_bf16", "fp8_ds_mla"):
+                k = compile_sm90(kernel, decode_signature(kernel, kv_ptr="*u8", Q_GROUP="i32", **types),
+                                 {**constexprs, "KV_FORMAT": FORMAT_CODE[reading], "CAUSAL": False, "ABLATE": 0,
+                                  **SPARSE_CALL}, gluon=True, divisible=TYPICAL_DIVISIBLE, num_warps=4)
+                reports.append(sass_report(k, f"hopper_sparse[{reading}]"))
         if ablate:   # the small-rows kernel has no ablations
             continue
         kernel = small.mla_decode_hopper_small_kernel   # the same parameters, and ROWS

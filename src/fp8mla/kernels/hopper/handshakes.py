@@ -30,13 +30,14 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from ..triton_compat import aggregate
 from .ring import FLAG_SMEM, gather_arrivals
 
-P_BUFFERS = gl.constexpr(2)   # P and alpha are double-buffered in the FP8 kernels
+P_BUFFERS = gl.constexpr(2)   # P and alpha are double-buffered in the FP8 kernels (but fp8.py's fp8_ds_mla reading)
 
 
 @aggregate
 class Handoff:
     """The softmax warpgroup's hand-offs to the PV warpgroups: each page's P and the rows' rescale factor alpha
-    (P_BUFFERS buffers, p_ready / p_free), and each request's O scale per row, norm (epi_ready / epi_free)."""
+    (as many buffers as p_ready has: P_BUFFERS, or 1; p_ready / p_free), and each request's O scale
+    per row, norm (epi_ready / epi_free)."""
     p: gl.shared_memory_descriptor
     alpha: gl.shared_memory_descriptor
     norm: gl.shared_memory_descriptor
@@ -57,13 +58,14 @@ class Handoff:
 
     @gluon.jit
     def put_p(self, p, group_units, alpha, pt, TOKEN_AXIS: gl.constexpr):
-        """P position pt's P (to e4m3) and alpha into buffer pt % 2, once the PV warpgroups are done with what was
-        there. group_units: () or fp8_ds_mla's token scales of each latent group (a tuple of p_groups), for a P a
-        group, p times them (buffer b's group g is self.p[b * p_groups + g]), made one at a time (all at once,
-        32 rows' spill). TOKEN_AXIS: p's token axis (1; 0 for the small-rows kernel's P^T): P is stored [rows,
-        tokens]."""
-        pb = pt % P_BUFFERS
-        mbarrier.wait(self.p_free.index(pb), ((pt // P_BUFFERS) & 1) ^ 1)
+        """P position pt's P (to e4m3) and alpha into buffer pt % (its buffers), once the PV warpgroups are done
+        with what was there. group_units: () or fp8_ds_mla's token scales of each latent group (a tuple of
+        p_groups), for a P a group, p times them (buffer b's group g is self.p[b * p_groups + g]), made one at a
+        time (all at once, 32 rows' spill). TOKEN_AXIS: p's token axis (1; 0 for the small-rows kernel's P^T): P
+        is stored [rows, tokens]."""
+        BUFFERS: gl.constexpr = self.p_ready.shape[0]
+        pb = pt % BUFFERS
+        mbarrier.wait(self.p_free.index(pb), ((pt // BUFFERS) & 1) ^ 1)
         if len(group_units) == 0:
             self.p.index(pb).store(_p_tile(p, TOKEN_AXIS))
         for g in gl.static_range(len(group_units)):
@@ -75,9 +77,11 @@ class Handoff:
 
     @gluon.jit
     def wait_p(self, pt, layout: gl.constexpr):
-        """A PV warpgroup's end of put_p: waits until P position pt's P is in buffer pt % 2; returns its alpha."""
-        pb = pt % P_BUFFERS
-        mbarrier.wait(self.p_ready.index(pb), (pt // P_BUFFERS) & 1)
+        """A PV warpgroup's end of put_p: waits until P position pt's P is in buffer pt % (its buffers);
+        returns its alpha."""
+        BUFFERS: gl.constexpr = self.p_ready.shape[0]
+        pb = pt % BUFFERS
+        mbarrier.wait(self.p_ready.index(pb), (pt // BUFFERS) & 1)
         return self.alpha.index(pb).load(layout)
 
     @gluon.jit
@@ -104,24 +108,24 @@ def _p_tile(p, TOKEN_AXIS: gl.constexpr):
 
 
 @gluon.jit
-def init_barriers(RING: gl.constexpr, GATHER_WARPS: gl.constexpr = 0):
-    """The FP8 kernels' mbarriers (the table above), initialised: ring ready / empty [RING], p_ready / p_free [2],
-    epi_ready, epi_free; and the ring's bad-page flags [RING, words]. GATHER_WARPS: 0 for a TMA ring (ready: the
-    issuer's one expect; one flag word a slot), else the gather ring's issuing warps (ready: their threads, each as
-    its copies land; a flag word a warp)."""
+def init_barriers(RING: gl.constexpr, GATHER_WARPS: gl.constexpr = 0, P_BUFS: gl.constexpr = P_BUFFERS):
+    """The FP8 kernels' mbarriers (the table above), initialised: ring ready / empty [RING], p_ready / p_free
+    [P_BUFS], epi_ready, epi_free; and the ring's bad-page flags [RING, words]. GATHER_WARPS: 0 for a TMA ring
+    (ready: the issuer's one expect; one flag word a slot), else the gather ring's issuing warps (ready: their
+    threads, each as its copies land; a flag word a warp)."""
     READY_ARRIVALS: gl.constexpr = gather_arrivals(GATHER_WARPS) if GATHER_WARPS else 1
     FLAG_WORDS: gl.constexpr = GATHER_WARPS if GATHER_WARPS else 1
     bar_l: gl.constexpr = mbarrier.MBarrierLayout()
     kv_ready = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)
     kv_empty = gl.allocate_shared_memory(gl.int64, [RING, 1], bar_l)
-    p_ready = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
-    p_free = gl.allocate_shared_memory(gl.int64, [2, 1], bar_l)
+    p_ready = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], bar_l)
+    p_free = gl.allocate_shared_memory(gl.int64, [P_BUFS, 1], bar_l)
     epi_ready = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     epi_free = gl.allocate_shared_memory(gl.int64, [1], bar_l)
     for i in gl.static_range(RING):
         mbarrier.init(kv_ready.index(i), count=READY_ARRIVALS)
         mbarrier.init(kv_empty.index(i), count=3)   # softmax WG after Q.K^T, each PV WG after its transpose
-    for i in gl.static_range(2):
+    for i in gl.static_range(P_BUFS):
         mbarrier.init(p_ready.index(i), count=1)
         mbarrier.init(p_free.index(i), count=2)
     mbarrier.init(epi_ready, count=1)

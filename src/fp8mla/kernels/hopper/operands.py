@@ -25,11 +25,12 @@ def p_groups(kv_format):
 
 
 @gluon.jit
-def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORMAT: gl.constexpr):
+def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORMAT: gl.constexpr,
+                      P_BUFS: gl.constexpr = 2):
     """Shared memory of the FP8 kernels' operands: q (latent e4m3; RoPE e4m3 with the fp8 cache, bf16 with
     fp8_rope_bf16), a ring of RING pages (latent, RoPE, fp8_rope_bf16's token scales), V^T (2 halves x 2 pages),
-    and the softmax warpgroup's hand-offs: P as [rows, tokens] (p_groups a page) and the rows' rescale factors (2
-    pages), the rows' O scale. Unused operands alias a used one."""
+    and the softmax warpgroup's hand-offs: P as [rows, tokens] (p_groups a page) and the rows' rescale factors
+    (P_BUFS pages), the rows' O scale. Unused operands alias a used one."""
     q_lat = gl.allocate_shared_memory(gl.float8e4nv, [ROWS, D_LATENT], LAT_SMEM)
     q_rope = gl.allocate_shared_memory(rope_desc.dtype, [ROWS, D_ROPE], rope_desc.layout)
     k_lat = gl.allocate_shared_memory(gl.float8e4nv, [RING, PAGE_SIZE, D_LATENT], LAT_SMEM)
@@ -39,8 +40,8 @@ def allocate_operands(ROWS: gl.constexpr, RING: gl.constexpr, rope_desc, KV_FORM
     else:
         k_scale = k_rope
     vt = gl.allocate_shared_memory(gl.float8e4nv, [4, HALF, PAGE_SIZE], VT_SMEM)
-    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [2 * p_groups(KV_FORMAT), ROWS, PAGE_SIZE], P_SMEM)
-    alpha_smem = gl.allocate_shared_memory(gl.float32, [2, ROWS], VEC_SMEM)
+    p_smem = gl.allocate_shared_memory(gl.float8e4nv, [P_BUFS * p_groups(KV_FORMAT), ROWS, PAGE_SIZE], P_SMEM)
+    alpha_smem = gl.allocate_shared_memory(gl.float32, [P_BUFS, ROWS], VEC_SMEM)
     norm_smem = gl.allocate_shared_memory(gl.float32, [ROWS], VEC_SMEM)
     return q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem
 
@@ -91,14 +92,18 @@ def load_q(q_rows, q_lat, q_rope, SOURCE: gl.constexpr, q_lo=None):
 
 
 @gluon.jit
-def quantize_half(q_rows, q_lat, q_rope, descale_smem, WG: gl.constexpr):
+def quantize_half(q_rows, q_lat, q_rope, descale_smem, WG: gl.constexpr, q_lo=None):
     """A PV warpgroup's share of a bf16 q's quantization in the 64-row kernel (fp8.py): the CTA's rows 32 WG to
-    32 WG + 31 into those rows of q_lat and q_rope, their descales into descale_smem; then fenced for the
-    softmax warpgroup's wgmma. Two warpgroups each hold half the tile in registers, read once (64 rows in one
-    warpgroup made ptxas spill, and two passes over column chunks cost the softmax warpgroup's start its time)."""
+    32 WG + 31 into those rows of q_lat and q_rope (and of q_lo, as load_q's), their descales into descale_smem;
+    then fenced for the softmax warpgroup's wgmma. Two warpgroups each hold half the tile in registers, read once
+    (64 rows in one warpgroup made ptxas spill, and two passes over column chunks cost the softmax warpgroup's start
+    its time)."""
     ROWS: gl.constexpr = q_lat.shape[0] // 2
     rows = gl.program_id(1) * q_lat.shape[0] + WG * ROWS + gl.arange(0, ROWS, gl.SliceLayout(1, Q_LOAD))
-    descale = _quantize_rows(q_rows, rows, q_lat.slice(WG * ROWS, ROWS), q_rope.slice(WG * ROWS, ROWS))
+    lo = q_lo
+    if q_lo is not None:
+        lo = q_lo.slice(WG * ROWS, ROWS)
+    descale = _quantize_rows(q_rows, rows, q_lat.slice(WG * ROWS, ROWS), q_rope.slice(WG * ROWS, ROWS), lo)
     descale_smem.slice(WG * ROWS, ROWS).store(descale)
     fence_async_shared()
 
