@@ -3,7 +3,10 @@ bf16) of the small-rows and the 64-row kernel, on a split schedule with a short 
 test_safety.py's bad inputs and test_sparse.py's.
 
 memcheck: nothing is read or written outside its tensors. Each tensor is its own allocation (no caching
-allocator), so a read past a sequence's pages or a tensor's end is an error memcheck sees.
+allocator), so a read past a sequence's pages or a tensor's end is an error memcheck sees. CUDA API errors are not
+its subject and are not reported: Triton 3.9's loader asks for CU_SHARED_MEMORY_MODE_ALLOW_OVERSIZED_SHARED_MEMORY
+on every kernel of more than 48 KB of shared memory and, refused by the H100's driver, takes the older call
+(memcheck counted one error a kernel loaded, 2026-12-06).
 
 racecheck is not clean and cannot be with this racecheck: it reports every shared-memory handoff that plain stores
 make and an mbarrier orders (in scripts/racecheck_min.py even the arriving thread's own writes), and the state
@@ -41,7 +44,7 @@ def _sanitize(tool, rows, *options):
 @pytest.mark.skipif(SANITIZER is None, reason="needs compute-sanitizer")
 @ROWS
 def test_memcheck_finds_no_error(rows):
-    run = _sanitize("memcheck", rows, "--error-exitcode", "3")
+    run = _sanitize("memcheck", rows, "--report-api-errors", "no", "--error-exitcode", "3")
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-4000:]
     assert "ERROR SUMMARY: 0 errors" in log
@@ -61,8 +64,9 @@ def test_memcheck_finds_no_error_on_bad_data(tests):
     tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     subprocess.run(tests, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)   # compiled first
-    run = subprocess.run([SANITIZER, "--tool", "memcheck", "--show-backtrace", "no", "--error-exitcode", "3",
-                          *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
+    run = subprocess.run([SANITIZER, "--tool", "memcheck", "--report-api-errors", "no", "--show-backtrace", "no",
+                          "--error-exitcode", "3", *tests], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=1200)
     log = run.stdout + run.stderr
     assert run.returncode == 0 and "ERROR SUMMARY: 0 errors" in log, log[-4000:]
 
