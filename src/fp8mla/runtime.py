@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 
 import torch
 
@@ -42,3 +43,13 @@ def sm_count(device: torch.device) -> int:
 def capability(index: int) -> tuple[int, int]:
     """The compute capability of CUDA device ``index``, e.g. (9, 0) for Hopper."""
     return torch.cuda.get_device_capability(index)
+
+
+@functools.lru_cache(maxsize=None)
+def triton_release() -> tuple[int, int]:
+    """The installed Triton's (major, minor), e.g. (3, 9). Imported when first asked (a call's kernel choice), not
+    with fp8mla: the interpreter switch must come before Triton's functions are decorated."""
+    import triton
+
+    major, minor = re.findall(r"\d+", triton.__version__)[:2]
+    return int(major), int(minor)

@@ -5,7 +5,7 @@ import torch
 from fp8mla import cal_diff, flash_mla_with_kvcache, get_mla_metadata, reference_mla_decode
 from fp8mla.inputs import make_problem
 from fp8mla.kernels import HOPPER_FORMATS
-from fp8mla.kernels.triton_compat import GROUPED_64_ROWS
+from fp8mla.kernels import decoder_for
 
 
 @pytest.fixture(scope="module")
@@ -54,11 +54,12 @@ def test_sass_64_row_group_reading(hopper_sass):
 
 
 def test_sass_64_row_group_reading_spills_only_where_unselected(hopper_sass):
-    """The 64-row fp8_ds_mla reading is selected (GROUPED_64_ROWS) only on the releases that compile it with a few
-    spilled values (Triton 3.9: 48 bytes); 3.6's hundreds of bytes made it slower than the 32-row CTAs it would
-    replace. Fails either way the compile moves: then the gate (triton_compat) is to move with it."""
+    """The 64-row fp8_ds_mla reading is chosen (its Decoder's min_triton) only on the releases that compile it with
+    a few spilled values (Triton 3.9: 48 bytes); 3.6's hundreds of bytes made it slower than the 32-row CTAs it would
+    replace. Fails either way the compile moves: then the table is to move with it."""
     r = hopper_sass["hopper_sparse[fp8_ds_mla]"]
-    assert (r["stack"] <= 64) == GROUPED_64_ROWS, r
+    chosen = decoder_for("hopper", "fp8_ds_mla", 128, gather=True).name == "hopper_sparse"
+    assert (r["stack"] <= 64) == chosen, r
 
 
 @pytest.mark.parametrize("rows", [16, 32])

@@ -11,7 +11,10 @@ from fp8mla.inputs import make_problem
 from fp8mla.kernels import decoder_for, launcher
 from fp8mla.kernels.constants import FORMAT_CODE, LOG2E
 from fp8mla.kernels.hopper import LAUNCH, bf16, launch as hopper_launch, layouts
-from fp8mla.kernels.triton_compat import GROUPED_64_ROWS
+from fp8mla.runtime import triton_release
+
+# the 64-row kernel reads fp8_ds_mla above 64 heads from Triton 3.9 on (under 3.6 it spills: docs/design.md)
+DS_MLA_64_ROWS = triton_release() >= (3, 9)
 
 
 class RecordingLauncher:
@@ -98,14 +101,15 @@ def test_fp8_caches_reach_the_fp8_kernel(launches, monkeypatch, kv_format, q_fp8
                           ("fp8_rope_bf16", 16, "hopper_small", "hopper_small_sparse", 1),
                           ("fp8_ds_mla", 16, "hopper_small", "hopper_small_sparse", 1),
                           ("fp8_ds_mla", 64, "hopper_small", "hopper_small_sparse_wide", 2),
-                          ("fp8_ds_mla", 128, "hopper", "hopper_sparse", 2) if GROUPED_64_ROWS else
+                          ("fp8_ds_mla", 128, "hopper", "hopper_sparse", 2) if DS_MLA_64_ROWS else
                           ("fp8_ds_mla", 128, "hopper_small", "hopper_small_sparse_wide", 4)])
 @pytest.mark.parametrize("topk_length,sink", [(False, False), (True, True)])
 def test_sparse_call_reaches_the_gather_ring(launches, topk_length, sink, kv_format, h_q, kernel, decoder_name,
                                              grid_y):
     """A sparse call: on the fp8_rope_bf16 reading fp8.py's kernel (64 heads) or small.py's (16), on fp8_ds_mla's
-    small.py's (at most 32 heads a CTA; above 64 heads fp8.py's where GROUPED_64_ROWS), with GATHER, its requests the query tokens (Q_GROUP s_q of them an entry),
-    its block table the indices, each topk long (pages of 64 indices)."""
+    small.py's (at most 32 heads a CTA; above 64 heads fp8.py's from Triton 3.9 on), with GATHER, its requests the
+    query tokens (Q_GROUP s_q of them an entry), its block table the indices, each topk long (pages of 64
+    indices)."""
     from fp8mla.checks import check_sparse
     from fp8mla.inputs import make_sparse_problem
     from fp8mla.schedule import MLASchedule
@@ -165,7 +169,7 @@ def test_wide_group_descale_calls_cut_a_part_per_row_block_of_32():
 
 def test_group_descale_calls_take_the_kernel_of_their_rows():
     """fp8_ds_mla: at most 32 heads the small-rows kernel, then 32-row CTAs of it, above 64 heads fp8.py's 64-row
-    kernel where Triton keeps its loops in registers (GROUPED_64_ROWS: from 3.9)."""
-    above_64 = "hopper_sparse" if GROUPED_64_ROWS else "hopper_small_sparse_wide"
+    kernel from Triton 3.9 on, which keeps its loops in registers."""
+    above_64 = "hopper_sparse" if DS_MLA_64_ROWS else "hopper_small_sparse_wide"
     assert [decoder_for("hopper", "fp8_ds_mla", h_q, gather=True).name for h_q in (16, 32, 33, 64, 65, 128)] == \
         ["hopper_small_sparse"] * 2 + ["hopper_small_sparse_wide"] * 2 + [above_64] * 2

@@ -73,7 +73,7 @@ def test_without_topk_length_or_sink(device):
 # small-rows kernel's)
 KERNEL_CASES = [("fp8_ds_mla", 16), ("fp8_ds_mla", 64), ("fp8_rope_bf16", 64), ("fp8_rope_bf16", 16)]
 ON_BOTH = pytest.mark.parametrize("kv_format,h_q", KERNEL_CASES)
-# and fp8_ds_mla at 128 heads (the 64-row kernel where GROUPED_64_ROWS) for bad data
+# and fp8_ds_mla at 128 heads (the 64-row kernel from Triton 3.9 on) for bad data
 ON_BOTH_BAD = pytest.mark.parametrize("kv_format,h_q", KERNEL_CASES + [("fp8_ds_mla", 128)])
 
 
@@ -271,7 +271,7 @@ def test_hopper_zero_group_descale(h_q):
 @pytest.mark.parametrize("h_q", [16, 32, 64, 128])
 def test_hopper_q_in_two_parts(h_q):
     """The fp8_ds_mla reading (the small-rows kernel at 16 and 32 rows, 32-row CTAs of it at 64, the 64-row kernel
-    at 128 where GROUPED_64_ROWS) takes a bf16 q as two e4m3 parts (hi + lo): its error is well below that of the
+    at 128 from Triton 3.9 on) takes a bf16 q as two e4m3 parts (hi + lo): its error is well below that of the
     same q rounded to e4m3 per row first (where lo is 0), which is what one e4m3 part would give."""
     kv_format = "fp8_ds_mla"
     device = torch.device("cuda")

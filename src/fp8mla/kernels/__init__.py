@@ -8,7 +8,7 @@
   hopper         Gluon sm_90a, the FP8 caches, 64 query rows a CTA
   hopper_sparse  hopper's kernel on the sparse call's gather ring (cp.async of each index's row), at least 33 query
                  rows (h_q) read with one descale a row ("fp8_rope_bf16": fp8mla's writer's caches); "fp8_ds_mla"
-                 above 64 rows where Triton keeps its loops in registers (triton_compat.GROUPED_64_ROWS)
+                 above 64 rows from Triton 3.9 on (3.6 compiles that reading with spills, slower than the next)
   hopper_small_sparse   hopper_small's kernel on the gather ring (its load warp gathers), at most 32 query rows;
                  "fp8_ds_mla" too (a descale per 128 latent dims: a Q.K^T and a P a group)
   hopper_small_sparse_wide   hopper_small_sparse's kernel on "fp8_ds_mla" with more rows, 32 a CTA
@@ -30,9 +30,8 @@ from dataclasses import dataclass
 import torch
 
 from ..formats import D_LATENT, KV_FORMATS
-from ..runtime import capability, device_index, interpreter_active
+from ..runtime import capability, device_index, interpreter_active, triton_release
 from ..schedule import ROWS_PER_BLOCK, num_sm_parts
-from .triton_compat import GROUPED_64_ROWS
 
 BACKENDS = ("portable", "hopper")
 FP8_FORMATS = ("fp8", "fp8_rope_bf16")   # the Hopper FP8 kernels' (fp8_ds_mla: the sparse call's alone)
@@ -49,6 +48,7 @@ class Decoder:
     max_rows: int | None
     calls: tuple[str, ...] = ("dense",)   # "dense" (a block table), "sparse" (indices: rows gathered one by one)
     cta_rows: int = ROWS_PER_BLOCK   # query rows a CTA takes, at most (the schedule's parts: SMs / row blocks)
+    min_triton: tuple[int, int] = (3, 6)   # the oldest Triton release it is chosen under
 
 
 DECODERS = (
@@ -57,8 +57,7 @@ DECODERS = (
     Decoder("hopper", "hopper", FP8_FORMATS, SMALL_ROWS + 1, None),
     Decoder("hopper_small_sparse", "hopper", ("fp8_rope_bf16", "fp8_ds_mla"), 1, SMALL_ROWS, ("sparse",)),
     Decoder("hopper_sparse", "hopper", ("fp8_rope_bf16",), SMALL_ROWS + 1, None, ("sparse",)),
-    Decoder("hopper_sparse", "hopper", ("fp8_ds_mla",) if GROUPED_64_ROWS else (), ROWS_PER_BLOCK + 1, None,
-            ("sparse",)),
+    Decoder("hopper_sparse", "hopper", ("fp8_ds_mla",), ROWS_PER_BLOCK + 1, None, ("sparse",), min_triton=(3, 9)),
     Decoder("hopper_small_sparse_wide", "hopper", ("fp8_ds_mla",), SMALL_ROWS + 1, None, ("sparse",), SMALL_ROWS),
     Decoder("portable", "portable", KV_FORMATS, 1, None, ("dense", "sparse")),
 )
@@ -120,7 +119,7 @@ def _decoder(backend: str, kv_format: str, rows: int, gather: bool) -> Decoder |
     for decoder in DECODERS:
         if decoder.backend == backend and kv_format in decoder.formats and decoder.min_rows <= rows \
                 and (decoder.max_rows is None or rows <= decoder.max_rows) \
-                and ("sparse" if gather else "dense") in decoder.calls:
+                and ("sparse" if gather else "dense") in decoder.calls and triton_release() >= decoder.min_triton:
             return decoder
     return None
 

@@ -16,8 +16,7 @@ compiles sm_90 with its ptxas 13.4, whose register allocation spills in five of 
 13.0 keep everything in registers; the same wheel ships ptxas 12.9, used instead for our kernels only.
 ``direct_launch`` calls the driver's launcher as each release's own launch path does (3.6: a launcher compiled per
 kernel, its arguments flat; 3.7 on: one launcher, the arguments as a sequence with their annotations), which
-tests/kernels/test_launcher.py checks against the installed release. ``GROUPED_64_ROWS`` says whether the 64-row
-kernel reads fp8_ds_mla in registers (from 3.9; 3.6's register allocation spills its loops, docs/design.md).
+tests/kernels/test_launcher.py checks against the installed release.
 """
 from __future__ import annotations
 
@@ -77,10 +76,6 @@ def hopper_missing() -> str | None:
 # Our kernels are written for FP fusion (FMA contraction), 3.6's default; 3.9 warns that the default will change,
 # 3.10 changes it. Passed on every compile (TRITON_FORCE_DISABLE_FP_FUSION still turns it off).
 COMPILE_OPTIONS = dict(enable_fp_fusion=True)
-
-# The 64-row kernel's fp8_ds_mla reading (fp8.py) is selected from this release on: Triton 3.6 compiles its loops
-# with spills, slower there than 32-row CTAs of the small-rows kernel (docs/design.md; 3.7 and 3.8 not measured)
-GROUPED_64_ROWS = tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) >= (3, 9)
 
 # ---- ptxas for sm_90a ----
 SPILLING_PTXAS = (13, 1)   # ptxas from this release on spills in five of these kernels (sm_90a)

@@ -21,8 +21,9 @@ in registers as the Q.K^T wgmma's A operand. The handshakes are handshakes.py's.
 
 A sparse call's fp8_ds_mla reading (a descale per token and 128-dim latent group): the latent Q.K^T is four
 wgmmas, one a group, in two chains of two (groups 0-1, 2-3), each accumulator rescaled between its groups from one
-group's descales to the next's, then the two summed in the second's unit (_grouped_scores); the V transposes fold each group's descales into V (transpose.py), so P is one tile, as with
-fp8_rope_bf16 (each token in its largest descale). A bf16 q goes in as two e4m3 parts, q = (hi + lo) * its row's
+group's descales to the next's, then the two summed in the second's unit (_grouped_scores); the V transposes fold
+each group's descales into V (transpose.py), so P is one tile, as with fp8_rope_bf16 (each token in its largest
+descale). A bf16 q goes in as two e4m3 parts, q = (hi + lo) * its row's
 descale (operands.load_q's q_lo), whose 32 KB take a P buffer's place: P is single-buffered here.
 """
 import triton.language as tl
