@@ -4,8 +4,7 @@ import torch
 
 from fp8mla import cal_diff, flash_mla_with_kvcache, get_mla_metadata, reference_mla_decode
 from fp8mla.inputs import make_problem
-from fp8mla.kernels import HOPPER_FORMATS
-from fp8mla.kernels import decoder_for
+from fp8mla.kernels import HOPPER_FORMATS, decoder_for
 
 
 @pytest.fixture(scope="module")

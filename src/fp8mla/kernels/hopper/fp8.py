@@ -23,8 +23,8 @@ A sparse call's fp8_ds_mla reading (a descale per token and 128-dim latent group
 wgmmas, one a group, in two chains of two (groups 0-1, 2-3), each accumulator rescaled between its groups from one
 group's descales to the next's, then the two summed in the second's unit (_grouped_scores); the V transposes fold
 each group's descales into V (transpose.py), so P is one tile, as with fp8_rope_bf16 (each token in its largest
-descale). A bf16 q goes in as two e4m3 parts, q = (hi + lo) * its row's
-descale (operands.load_q's q_lo), whose 32 KB take a P buffer's place: P is single-buffered here.
+descale). A bf16 q goes in as two e4m3 parts, q = (hi + lo) * its row's descale (operands.load_q's q_lo), whose
+32 KB take a P buffer's place: P is single-buffered here.
 """
 import triton.language as tl
 from triton.experimental import gluon
@@ -279,6 +279,7 @@ def _pv_wg(query, shape, sched, outs, sparse, q_smem, ring, vt, hand, fac, WG: g
     BUFS: gl.constexpr = hand.p_ready.shape[0]
     if not GROUPED:   # (Triton 3.6 takes no None into a partition)
         fac = None
+        q_lo = None   # (q in one part)
     part = open_part(sched)
     begin_req = part[3]
     t_cursor = part_start(part)
@@ -290,12 +291,8 @@ def _pv_wg(query, shape, sched, outs, sparse, q_smem, ring, vt, hand, fac, WG: g
         seqlen, lo, hi = request_range(part, req)
         if lo < hi:
             if Q_SOURCE == Q_QUANTIZE:
-                if fac is None:
-                    quantize_half((q_base(query, req, sparse, GATHER), stride_qs, stride_qh, H, R), q_lat, q_rope,
-                                  q_descale, WG)
-                else:   # fp8_ds_mla: q as two parts
-                    quantize_half((q_base(query, req, sparse, GATHER), stride_qs, stride_qh, H, R), q_lat, q_rope,
-                                  q_descale, WG, q_lo)
+                quantize_half((q_base(query, req, sparse, GATHER), stride_qs, stride_qh, H, R), q_lat, q_rope,
+                              q_descale, WG, q_lo)
                 mbarrier.arrive(q_ready)
                 if it == 0:   # the part's first page
                     t_cursor = transpose_next(ring, vt, 0, part, t_cursor, WG, ABLATE, fac)
@@ -331,11 +328,12 @@ def mla_decode_hopper_kernel(
     requests are query tokens, Q_GROUP (s_q) a batch entry, S_Q 1; block_table is its indices, kv_ptr the cache
     whose rows the gather ring reads; topk_length_ptr and sink_ptr are read where HAS_TOPK_LENGTH / HAS_SINK."""
     meta = meta_ptr + gl.program_id(0) * METADATA_WIDTH
-    GROUPED: gl.constexpr = KV_FORMAT == FP8_DS_MLA   # (P: one tile, one buffer)
+    GROUPED: gl.constexpr = KV_FORMAT == FP8_DS_MLA   # (P: one tile, as fp8_rope_bf16's, one buffer)
+    P_BUFS: gl.constexpr = 1 if GROUPED else 2
     q_lat, q_rope, k_lat, k_rope, k_scale, vt, p_smem, alpha_smem, norm_smem = allocate_operands(
-        BLOCK_M, STAGES, rope_desc, FP8_ROPE_BF16 if GROUPED else KV_FORMAT, 1 if GROUPED else 2)
+        BLOCK_M, STAGES, rope_desc, FP8_ROPE_BF16 if GROUPED else KV_FORMAT, P_BUFS)
     kv_ready, kv_empty, p_ready, p_free, epi_ready, epi_free, bad = init_barriers(
-        STAGES, GATHER_WARPS if GATHER else 0, 1 if GROUPED else 2)   # (the gather warpgroup issues them)
+        STAGES, GATHER_WARPS if GATHER else 0, P_BUFS)   # (the gather warpgroup issues them)
     if GROUPED and not Q_FP8:
         q_lo = gl.allocate_shared_memory(gl.float8e4nv, [BLOCK_M, D_LATENT], LAT_SMEM)
     else:

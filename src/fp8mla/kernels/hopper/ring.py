@@ -357,7 +357,7 @@ class Ring:
 
 @gluon.jit
 def fill_ring(sched, table, descs, cache, sparse, ring, KV_FORMAT: gl.constexpr, GATHER: gl.constexpr,
-             HAS_TOPK_LENGTH: gl.constexpr):
+              HAS_TOPK_LENGTH: gl.constexpr):
     """A partition of its own (small.py's load warps, fp8.py's gather warpgroup): every page of the part into the
     ring, as soon as its slot is released: by TMA, or (GATHER) each index's row by cp.async (the gather ring; the
     warps wait for each page's indices, its ring pages ahead)."""

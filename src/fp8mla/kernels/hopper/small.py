@@ -291,5 +291,5 @@ def mla_decode_hopper_small_kernel(
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, LEFT)),
         (_pv_wg, (sched, (out_ptr, o_part_ptr), R, ring, vt, hand, RIGHT)),
         (fill_ring, (sched, (block_table_ptr, stride_bt, num_pages), (lat_desc, rope_desc, scale_desc),
-                    (kv_ptr, num_pages * PAGE_SIZE), sparse, ring, KV_FORMAT, GATHER, HAS_TOPK_LENGTH)),
+                     (kv_ptr, num_pages * PAGE_SIZE), sparse, ring, KV_FORMAT, GATHER, HAS_TOPK_LENGTH)),
     ], [4, 4, GATHER_WARPS if GATHER else 1], [PV_REGS_SMALL, PV_REGS_SMALL, GATHER_LOAD_REGS if GATHER else LOAD_REGS])
