@@ -79,11 +79,15 @@ ACCESS = re.compile(r"(Read|Write) Thread \(\d+,\d+,\d+\) at \S+ in (\S+\.py):(\
 MBARRIER_HANDOFF = re.compile(r"\b(alpha|norm|slot|q_lat|q_descale|descale_smem)\b(\.slice\([^)]*\))?[\w.()\[\]]*"
                               r"\.(store|load)\(")
 WARP_SPECIALIZE_ENTRY = re.compile(r"^def mla_decode_\w+_kernel\(|gl\.warp_specialize\(")
+BRANCH_HEADER = re.compile(r"\s*(if\b.*|else):\s*(#.*)?$")
 
 
 def _statement(file, line):
     (path,) = (ROOT / "src" / "fp8mla" / "kernels").rglob(file)   # racecheck names a file by its base name
-    return path.read_text().splitlines()[line - 1]
+    lines = path.read_text().splitlines()
+    if BRANCH_HEADER.match(lines[line - 1]):   # a constexpr branch's header stands for its body's first statement
+        return lines[line - 1] + lines[line]
+    return lines[line - 1]
 
 
 @pytest.mark.gpu

@@ -38,7 +38,7 @@ def test_flashmla_matrix(seqlens, h_q, s_q):
                 continue
             out, lse = flash_mla_with_kvcache(args["q"], args["k_cache"], problem.block_table, problem.cache_seqlens,
                                               512, meta, num_splits, causal=True, descale_k=args["descale_k"],
-                                              backend=backend)
+                                              kv_format=kv_format, backend=backend)   # (a 656-byte cache's reading)
             err = output_error(out, lse, ref_out, ref_lse)
             if (err["cos_diff"] > COS_BOUND[kv_format] or out.isnan().any() or lse.isnan().any()
                     or not torch.equal(torch.isfinite(lse), seen)

@@ -1,5 +1,6 @@
-"""The Hopper launchers' host side on the CPU: which kernel the dispatch table gives a call, with which grid, TMA
-descriptors, scales and constexprs (the kernels themselves are compiled in test_hopper.py and run on a GPU)."""
+"""The Hopper launchers' host side, their Triton launches faked (CPU tensors, or CUDA ones where there is a GPU):
+which kernel the dispatch table gives a call, with which grid, TMA descriptors, scales and constexprs (the kernels
+themselves are compiled in test_hopper.py and run on a GPU)."""
 import math
 
 import pytest
@@ -15,6 +16,8 @@ from fp8mla.runtime import triton_release
 
 # the 64-row kernel reads fp8_ds_mla above 64 heads from Triton 3.9 on (under 3.6 it spills: docs/design.md)
 DS_MLA_64_ROWS = triton_release() >= (3, 9)
+# the calls' tensors: CUDA ones where there is a GPU (the interpreter then is not on, and the planner runs for real)
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 class RecordingLauncher:
@@ -31,7 +34,6 @@ class RecordingLauncher:
 
 @pytest.fixture
 def launches(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")   # the calls' CPU tensors pass the checks on a GPU machine too
     calls = []
     for name, attr in (("hopper", "_launch_fp8"), ("hopper_small", "_launch_small"), ("hopper_bf16", "_launch_bf16")):
         monkeypatch.setattr(hopper_launch, attr, RecordingLauncher(name, calls, getattr(hopper_launch, attr).fn))
@@ -41,13 +43,14 @@ def launches(monkeypatch):
 
 def launch(kv_format, q_fp8, b=2, s_q=2, h_q=64, seqlens=(300, 70), scale=0.1, num_parts=None):
     """The Hopper decoder the dispatch table picks for the call, launched (its Triton launch faked)."""
-    p = make_problem(b, s_q, h_q, list(seqlens), seed=0)
+    p = make_problem(b, s_q, h_q, list(seqlens), device=DEVICE, seed=0)
     x = p.quantized(kv_format, q_fp8)
     meta, num_splits = get_mla_metadata(p.cache_seqlens, s_q * h_q, 1, num_parts=num_parts)
     rows = s_q * h_q
     call = check_decode(x["q"], x["k_cache"], p.block_table, p.cache_seqlens, 512, meta, num_splits, scale, True,
                         x["descale_q"], x["descale_k"], kv_format, None, None)
-    o_part, lse_part = torch.empty(b + meta.shape[0], rows, 512), torch.empty(b + meta.shape[0], rows)
+    o_part, lse_part = (torch.empty(b + meta.shape[0], rows, 512, device=DEVICE),
+                        torch.empty(b + meta.shape[0], rows, device=DEVICE))
     LAUNCH[decoder_for("hopper", kv_format, rows).name](call, o_part, lse_part, None)
     return p, x, meta, call
 
@@ -114,7 +117,7 @@ def test_sparse_call_reaches_the_gather_ring(launches, topk_length, sink, kv_for
     from fp8mla.inputs import make_sparse_problem
     from fp8mla.schedule import MLASchedule
     b, s_q, topk = 2, 2, 130
-    sp = make_sparse_problem(b, s_q, h_q, topk, seed=0)
+    sp = make_sparse_problem(b, s_q, h_q, topk, device=DEVICE, seed=0)
     cache = sp.quantized("fp8_rope_bf16")["k_cache"]
     lengths, sinks = (sp.topk_length if topk_length else None), (sp.attn_sink if sink else None)
     call = check_sparse(sp.q, cache, sp.indices, lengths, sinks, 512, MLASchedule(), None, None, False, None, None,
@@ -123,7 +126,8 @@ def test_sparse_call_reaches_the_gather_ring(launches, topk_length, sink, kv_for
     call = call._replace(meta=meta, num_splits=splits)
     decoder = decoder_for("hopper", kv_format, h_q, gather=True)
     assert decoder.name == decoder_name
-    o_part, lse_part = torch.empty(b * s_q + meta.shape[0], h_q, 512), torch.empty(b * s_q + meta.shape[0], h_q)
+    o_part, lse_part = (torch.empty(b * s_q + meta.shape[0], h_q, 512, device=DEVICE),
+                        torch.empty(b * s_q + meta.shape[0], h_q, device=DEVICE))
     LAUNCH[decoder.name](call, o_part, lse_part, None)
     ((name, grid, args, constexprs, options),) = launches
     assert name == kernel and grid == (meta.shape[0], grid_y)
