@@ -26,6 +26,7 @@ ROOT = Path(__file__).parent.parent
 SANITIZER = shutil.which("compute-sanitizer")
 ROWS = pytest.mark.parametrize("rows", [("--s-q", "1", "--h-q", "16"), ("--s-q", "2", "--h-q", "64")],
                                ids=["small-rows kernel", "64-row kernel"])
+NO_API_ERRORS = ("--report-api-errors", "no")   # memcheck's (the module docstring)
 
 
 def _sanitize(tool, rows, *options):
@@ -44,7 +45,7 @@ def _sanitize(tool, rows, *options):
 @pytest.mark.skipif(SANITIZER is None, reason="needs compute-sanitizer")
 @ROWS
 def test_memcheck_finds_no_error(rows):
-    run = _sanitize("memcheck", rows, "--report-api-errors", "no", "--error-exitcode", "3")
+    run = _sanitize("memcheck", rows, *NO_API_ERRORS, "--error-exitcode", "3")
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-4000:]
     assert "ERROR SUMMARY: 0 errors" in log
@@ -64,9 +65,8 @@ def test_memcheck_finds_no_error_on_bad_data(tests):
     tests = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
     subprocess.run(tests, cwd=ROOT, env=env, check=True, capture_output=True, timeout=600)   # compiled first
-    run = subprocess.run([SANITIZER, "--tool", "memcheck", "--report-api-errors", "no", "--show-backtrace", "no",
-                          "--error-exitcode", "3", *tests], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=1200)
+    run = subprocess.run([SANITIZER, "--tool", "memcheck", *NO_API_ERRORS, "--show-backtrace", "no", "--error-exitcode",
+                          "3", *tests], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
     log = run.stdout + run.stderr
     assert run.returncode == 0 and "ERROR SUMMARY: 0 errors" in log, log[-4000:]
 
