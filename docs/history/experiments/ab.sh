@@ -1,26 +1,28 @@
 #!/usr/bin/env bash
-# A/B of the rebuilt branches against main in one process; logs under $OUT.
-#   bash .exp/scripts/ab.sh [TRITON_VERSION] [STEPS...]   steps: launch dense sparse tests
+# A/B of experiment trees (.exp/NAME, made by materialize.sh) against the working tree in one process, on the GPU
+# machine from the repository's root; logs under $OUT:
+#   TREES=".exp/ipv" bash docs/history/experiments/ab.sh [TRITON_VERSION] [STEPS...]   # steps: dense sparse tests
+# TREES defaults to every .exp/*/src; DENSE_TREES (the dense A/B's) to TREES. A version other than 3.6.0 needs
+# .triton carried (scripts/triton_bundle_env.sh).
 set -u
 OUT=${OUT:-/tmp}
 export PYTHONPATH=src PYTHONUNBUFFERED=1
-ver=${1:-}
+ver=${1:-3.6.0}
 shift || true
-steps=${*:-launch dense sparse tests}
-tag=36
-if [ -n "$ver" ] && [ "$ver" != 3.6.0 ]; then source scripts/triton_bundle_env.sh "$ver" || exit 1; tag=39; fi
-trees=""
-for t in ipv bf16s; do [ -d .exp/$t/src ] && trees="$trees .exp/$t"; done
-dense_trees=""; [ -d .exp/ipv/src ] && dense_trees=".exp/ipv"
-echo "== $(date -u +%H:%M:%S) triton $tag trees:$trees steps: $steps"
+steps=${*:-dense sparse tests}
+tag=${ver//./}
+[ "$ver" != 3.6.0 ] && { source scripts/triton_bundle_env.sh "$ver" || exit 1; }
+trees=${TREES:-$(for d in .exp/*/src; do [ -d "$d" ] && printf '%s ' "${d%/src}"; done)}
+dense_trees=${DENSE_TREES:-$trees}
+quiet() { grep -v "leaked\|nanobind\|^ - \|^See https"; }
+echo "== $(date -u +%H:%M:%S) triton $ver trees: $trees steps: $steps"
 for s in $steps; do
   case $s in
-  launch) timeout 150 python3 -m pytest -q -x -p no:warnings tests/kernels/test_hopper_launch.py 2>&1 | tee $OUT/launch$tag.log | tail -3 ;;
-  dense) [ -n "$dense_trees" ] && timeout 230 python3 scripts/hopper_check.py --trees $dense_trees --seqlens 1000 70 --rounds 3 2>&1 | tee $OUT/dense$tag.log | grep -v "^check.* ok$" | tail -40 ;;
-  sparse) [ -n "$trees" ] && timeout 230 python3 scripts/hopper_check.py --sparse --trees $trees --rounds 3 2>&1 | tee $OUT/sparse$tag.log | grep -v "^check.* ok$" | tail -40 ;;
-  tests)
-    if [ -d .exp/bf16s/src ]; then (cd .exp/bf16s && timeout 100 python3 -m pytest -q -x -p no:warnings tests/kernels/test_sparse.py -k "dequantizing" 2>&1 | tee $OUT/t_bf16s$tag.log | tail -3); fi
-    if [ -d .exp/ipv/src ]; then (cd .exp/ipv && timeout 200 python3 -m pytest -q -x -p no:warnings tests/kernels/test_hopper.py tests/kernels/test_sparse.py -k "not sass" 2>&1 | tee $OUT/t_ipv$tag.log | tail -3); fi ;;
+  dense) timeout 260 python3 scripts/hopper_check.py --trees $dense_trees --seqlens 1000 70 --rounds 3 2>&1 | quiet | tee $OUT/dense$tag.log | grep -v " ok$" ;;
+  sparse) timeout 260 python3 scripts/hopper_check.py --sparse --trees $trees --rounds 3 2>&1 | quiet | tee $OUT/sparse$tag.log | grep -v " ok$" ;;
+  tests) for t in $trees; do   # each tree's own GPU tests of the Hopper kernels
+      (cd $t && timeout 200 python3 -m pytest -q -x -p no:warnings tests/kernels/test_hopper.py tests/kernels/test_sparse.py -k "not sass" 2>&1 | quiet | tee $OUT/tests_$(basename $t)$tag.log | tail -3)
+    done ;;
   esac
   echo "== $(date -u +%H:%M:%S) $s done"
 done
