@@ -15,11 +15,15 @@ tag=${ver//./}
 trees=${TREES:-$(for d in .exp/*/src; do [ -d "$d" ] && printf '%s ' "${d%/src}"; done)}
 dense_trees=${DENSE_TREES:-$trees}
 quiet() { grep -v "leaked\|nanobind\|^ - \|^See https"; }
+check() {   # check LOG ARGS...: hopper_check.py's checks and A/B timing, the passed checks left out of the output
+  local log=$1; shift
+  timeout 260 python3 scripts/hopper_check.py "$@" --rounds 3 2>&1 | quiet | tee "$OUT/$log$tag.log" | grep -v " ok$"
+}
 echo "== $(date -u +%H:%M:%S) triton $ver trees: $trees steps: $steps"
 for s in $steps; do
   case $s in
-  dense) timeout 260 python3 scripts/hopper_check.py --trees $dense_trees --seqlens 1000 70 --rounds 3 2>&1 | quiet | tee $OUT/dense$tag.log | grep -v " ok$" ;;
-  sparse) timeout 260 python3 scripts/hopper_check.py --sparse --trees $trees --rounds 3 2>&1 | quiet | tee $OUT/sparse$tag.log | grep -v " ok$" ;;
+  dense) check dense --trees $dense_trees --seqlens 1000 70 ;;
+  sparse) check sparse --sparse --trees $trees ;;
   tests) for t in $trees; do   # each tree's own GPU tests of the Hopper kernels
       (cd $t && timeout 200 python3 -m pytest -q -x -p no:warnings tests/kernels/test_hopper.py tests/kernels/test_sparse.py -k "not sass" 2>&1 | quiet | tee $OUT/tests_$(basename $t)$tag.log | tail -3)
     done ;;
