@@ -148,9 +148,25 @@ def plan(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_parts: i
     """``(tile_scheduler_metadata [num_parts, 8] int32, num_splits [b + 1] int32)`` for one decode step, computed
     with torch ops on ``cache_seqlens``'s device (its inputs checked by the caller): the reference of the planner
     kernel (kernels/planner.py)."""
+    return _plan(cache_seqlens, num_q_tokens_per_head_k, cut(len(cache_seqlens), num_q_tokens_per_head_k,
+                                                              cache_seqlens.device, num_parts))
+
+
+@functools.lru_cache(maxsize=1024)   # once per shape: asked when a sparse call's launches are planned
+def _most_splits(b: int, rows: int, seqlen: int, sms: int, num_parts: int | None) -> int:
+    _, num_splits = _plan(torch.full((b,), seqlen, dtype=torch.int32), rows, _cut(b, rows, sms, num_parts))
+    return int((num_splits[1:] - num_splits[:-1]).max()) if b else 0
+
+
+def most_splits(b: int, rows: int, seqlen: int, device: torch.device, num_parts: int | None = None) -> int:
+    """The most pieces ``plan`` cuts any of ``b`` requests of ``seqlen`` tokens each into on ``device`` (worked out
+    on the host: a sparse call's requests all have topk tokens, so its schedule is known without reading it)."""
+    return _most_splits(b, rows, seqlen, runtime.sm_count(device), num_parts)
+
+
+def _plan(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, c: Cut) -> tuple[torch.Tensor, torch.Tensor]:
     device = cache_seqlens.device
     b = len(cache_seqlens)
-    c = cut(b, num_q_tokens_per_head_k, device, num_parts)
     if b == 0:
         meta = torch.zeros(c.parts, METADATA_WIDTH, dtype=torch.int32, device=device)
         meta[:, END_REQ] = -1

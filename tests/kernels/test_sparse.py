@@ -104,6 +104,38 @@ def test_preallocated_outputs_and_e4m3_q(device):
     check(out, lse, *reference_sparse_mla_decode(q8.float() * descale_q, kv, indices, topk_length, sink), "fp8")
 
 
+def count_combines(monkeypatch) -> list:
+    """A list that gets an entry each time a decode launches the combine (launch plans made anew)."""
+    from fp8mla.kernels import combine, launcher
+    monkeypatch.setattr(launcher, "_plans", {})
+    plan_combine, launched = combine.plan_combine, []
+
+    def counted(*args, **kwargs):
+        run = plan_combine(*args, **kwargs)
+        return lambda *a, **k: (launched.append(1), run(*a, **k))
+    monkeypatch.setattr(combine, "plan_combine", counted)
+    return launched
+
+
+@ON_BOTH
+def test_unsplit_requests_skip_the_combine(kv_format, h_q, device, monkeypatch):
+    """As many query tokens as the schedule has parts (16 SMs; 8 parts for 32-row CTAs): no token is split, so each
+    writes its out and lse itself and the call launches no combine; the host's reckoning of that
+    (schedule.most_splits) agrees with the schedule the device planned."""
+    from fp8mla import runtime
+    monkeypatch.setattr(runtime, "sm_count", lambda device=None: 16)
+    launched = count_combines(monkeypatch)
+    q, kv, indices, topk_length, sink = make_sparse(8, 2, h_q, 128, seed=10, device=device)
+    cache, _ = quantize_kv_cache(kv, kv_format)
+    schedule, _ = get_mla_metadata()
+    out = torch.full((8, 2, h_q, 512), float("nan"), dtype=torch.bfloat16, device=device)
+    lse = torch.full((8, h_q, 2), float("nan"), device=device)
+    flash_mla_with_kvcache(q, cache, None, None, 512, schedule, None, indices=indices, topk_length=topk_length,
+                           attn_sink=sink, kv_format=kv_format, out=out, lse=lse)
+    assert (schedule.num_splits.diff() == 1).all() and launched == []
+    check(out, lse, *reference_sparse_mla_decode(q, kv, indices, topk_length, sink), kv_format)
+
+
 @ON_BOTH
 def test_split_requests(kv_format, h_q, device, monkeypatch):
     """Few query tokens with many indices: the schedule cuts each into pieces, which the combine merges (and its
@@ -114,9 +146,10 @@ def test_split_requests(kv_format, h_q, device, monkeypatch):
     q, kv, indices, topk_length, sink = make_sparse(1, 2, h_q, 400, seed=2, device=device)
     cache, _ = quantize_kv_cache(kv, kv_format)
     schedule, _ = get_mla_metadata()
+    launched = count_combines(monkeypatch)
     out, lse = flash_mla_with_kvcache(q, cache, None, None, 512, schedule, None, indices=indices,
                                       topk_length=topk_length, attn_sink=sink, kv_format=kv_format)
-    assert int(schedule.num_splits[1] - schedule.num_splits[0]) > 1   # the first query token was split
+    assert int(schedule.num_splits[1] - schedule.num_splits[0]) > 1 and launched == [1]   # the first token split
     check(out, lse, *reference_sparse_mla_decode(q, kv, indices, topk_length, sink), kv_format)
 
 

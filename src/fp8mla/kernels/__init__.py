@@ -31,7 +31,7 @@ import torch
 
 from ..formats import D_LATENT, KV_FORMATS
 from ..runtime import capability, device_index, interpreter_active, triton_release
-from ..schedule import ROWS_PER_BLOCK, num_sm_parts
+from ..schedule import ROWS_PER_BLOCK, most_splits, num_sm_parts
 
 BACKENDS = ("portable", "hopper")
 FP8_FORMATS = ("fp8", "fp8_rope_bf16")   # the Hopper FP8 kernels' (fp8_ds_mla: the sparse call's alone)
@@ -173,13 +173,17 @@ def _plan_decode(call, decoder: Decoder, parts: int):
     buffers = (((b + parts, call.rows, D_LATENT), partial_dtype(call.kv_format)),
                ((b + parts, call.rows), torch.float32))
     combine = lazy("combine").plan_combine(b, s_q, h_q, parts, call.max_pages, call.q.device, call.gather)
+    if call.gather is not None and most_splits(b, call.rows, call.block_table.shape[1], call.q.device,
+                                               schedule_parts(decoder, call.q.device, call.rows)) == 1:
+        combine = None   # a sparse call's schedule (api._planned's) splits no request: each writes out and lse itself
 
     def decode(call):
         o_part, lse_part = scratch(call.q.device, *buffers)
         site = launch_site()
         launch(call, o_part, lse_part, site)
-        combine(call.out, call.lse, o_part, lse_part, call.meta, call.num_splits, call.cache_seqlens,
-                call.gather and call.gather.attn_sink, call.signature, site)
+        if combine is not None:
+            combine(call.out, call.lse, o_part, lse_part, call.meta, call.num_splits, call.cache_seqlens,
+                    call.gather and call.gather.attn_sink, call.signature, site)
     return decode
 
 
