@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python3 scripts/host_cost.py [--calls 500 --rounds 5]          # any machine: launches faked
     PYTHONPATH=src python3 scripts/host_cost.py --gpu [--peers .peers] [--profile] [--parts]  # a GPU: real launches
+    PYTHONPATH=src python3 scripts/host_cost.py --sparse [--gpu --peers .peers]          # the sparse calls only
 
 Faked (the default), every kernel launch is replaced by a fake compiled kernel, so what is timed is fp8mla's own
 Python: the checks, the buffers, the launch arguments and the launchers' cache keys (not Triton's launcher or the
@@ -208,6 +209,7 @@ def main():
     parser.add_argument("--peers", help="(with --gpu) folder with FlashMLA's binaries, to time its call too")
     parser.add_argument("--profile", action="store_true", help="(with --gpu) cProfile of the fp8_rope_bf16 path")
     parser.add_argument("--parts", action="store_true", help="the fp8_rope_bf16 call's steps timed one by one")
+    parser.add_argument("--sparse", action="store_true", help="the sparse calls only")
     args = parser.parse_args()
     if args.gpu:
         import torch
@@ -218,8 +220,9 @@ def main():
         import torch
         device, sync = torch.device("cpu"), lambda: None
     peers = args.gpu and args.peers
-    print_header("call", "same call", args.gpu, peers)
-    for b, s_q, h_q in SHAPES:
+    if not args.sparse:
+        print_header("call", "same call", args.gpu, peers)
+    for b, s_q, h_q in [] if args.sparse else SHAPES:
         p, calls = decode_calls(device, b, s_q, h_q)
         if peers:
             calls.update(peer_calls(args.peers, p))
