@@ -220,9 +220,10 @@ def main():
         import torch
         device, sync = torch.device("cpu"), lambda: None
     peers = args.gpu and args.peers
-    if not args.sparse:
+    shapes = [] if args.sparse else SHAPES
+    if shapes:
         print_header("call", "same call", args.gpu, peers)
-    for b, s_q, h_q in [] if args.sparse else SHAPES:
+    for b, s_q, h_q in shapes:
         p, calls = decode_calls(device, b, s_q, h_q)
         if peers:
             calls.update(peer_calls(args.peers, p))

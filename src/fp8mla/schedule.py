@@ -155,7 +155,7 @@ def plan(cache_seqlens: torch.Tensor, num_q_tokens_per_head_k: int, num_parts: i
 @functools.lru_cache(maxsize=1024)   # once per shape: asked when a sparse call's launches are planned
 def _most_splits(b: int, rows: int, seqlen: int, sms: int, num_parts: int | None) -> int:
     _, num_splits = _plan(torch.full((b,), seqlen, dtype=torch.int32), rows, _cut(b, rows, sms, num_parts))
-    return int((num_splits[1:] - num_splits[:-1]).max()) if b else 0
+    return int(num_splits.diff().max()) if b else 0
 
 
 def most_splits(b: int, rows: int, seqlen: int, device: torch.device, num_parts: int | None = None) -> int:
