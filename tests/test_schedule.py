@@ -52,6 +52,22 @@ def test_default_cut_covers_every_page(seed, monkeypatch):
     check_cover(meta, num_splits, seqlens, num_sm_parts(torch.device("cpu"), rows))
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_most_splits_is_the_planned_schedules(seed, monkeypatch):
+    """most_splits (the host's reckoning of a batch of equal requests, which decides whether a sparse call launches
+    the combine) gives what the planned schedule of such a batch splits, with the default parts and with given
+    ones, on random SM counts."""
+    g = torch.Generator().manual_seed(100 + seed)
+    sms = int(torch.randint(4, 140, (1,), generator=g))
+    monkeypatch.setattr(runtime, "sm_count", lambda device: sms)
+    b = int(torch.randint(1, 160, (1,), generator=g))
+    rows, seqlen = int([16, 32, 64, 128][seed % 4]), int(torch.randint(1, 9000, (1,), generator=g))
+    for num_parts in (None, max(1, sms // 3)):
+        _, num_splits = get_mla_metadata(torch.full((b,), seqlen, dtype=torch.int32), rows, 1, num_parts=num_parts)
+        expected = int(num_splits.diff().max())
+        assert schedule.most_splits(b, rows, seqlen, torch.device("cpu"), num_parts) == expected
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_every_page_exactly_once_and_balanced(seed):
     g = torch.Generator().manual_seed(seed)
