@@ -172,10 +172,11 @@ def _plan_decode(call, decoder: Decoder, parts: int):
     # every part adds at most one split beyond the first of each request
     buffers = (((b + parts, call.rows, D_LATENT), partial_dtype(call.kv_format)),
                ((b + parts, call.rows), torch.float32))
-    combine = lazy("combine").plan_combine(b, s_q, h_q, parts, call.max_pages, call.q.device, call.gather)
-    if call.gather is not None and most_splits(b, call.rows, call.block_table.shape[1], call.q.device,
-                                               schedule_parts(decoder, call.q.device, call.rows)) == 1:
-        combine = None   # a sparse call's schedule (api._planned's) splits no request: each writes out and lse itself
+    # a sparse call's schedule (api._planned's) may split no request, each then writing its out and lse itself
+    splits = call.gather is None or most_splits(b, call.rows, call.block_table.shape[1], call.q.device,
+                                                schedule_parts(decoder, call.q.device, call.rows)) > 1
+    combine = lazy("combine").plan_combine(b, s_q, h_q, parts, call.max_pages, call.q.device, call.gather) \
+        if splits else None
 
     def decode(call):
         o_part, lse_part = scratch(call.q.device, *buffers)
