@@ -19,10 +19,10 @@ graph, so the host's launch cost is not timed), and a table gives each variant's
     PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --rounds 5
     PYTHONPATH=src python3 scripts/hopper_check.py --ablate [--b 64 --s-q 2 --h-q 64]
 
-``--sparse`` checks and times the sparse call instead (both readings of a 656-byte cache, SPARSE_TIMED's configs,
-topk 2048 of 8192 tokens as the bench draws them), with ``--trees`` as an A/B in one process:
+``--sparse`` checks and times the sparse call instead (both readings of a 656-byte cache, or ``--readings``'s;
+SPARSE_TIMED's configs, topk 2048 of 8192 tokens as the bench draws them), with ``--trees`` as an A/B in one process:
 
-    PYTHONPATH=src python3 scripts/hopper_check.py --sparse --trees ab/next --rounds 5
+    PYTHONPATH=src python3 scripts/hopper_check.py --sparse --trees ab/next --rounds 5 [--readings fp8_ds_mla]
 
 ``--profile [FORMAT]`` only runs one config (the headline b=64 s_q=2 h_q=64 unless ``--b/--s-q/--h-q`` say
 otherwise; fp8_rope_bf16 unless FORMAT is fp8 (e4m3 q) or bf16) three times, for a profiler (the kernels' names:
@@ -51,6 +51,7 @@ CASES = [(1, 16, [200, 0, 77], False), (2, 16, [300, 1000], True), (2, 64, [1000
          (4, 128, [129, 700, 5, 2100], True), (2, 64, [1, 65], True)]
 TIMED = [(64, 2, 64), (128, 1, 16)]   # b, s_q, h_q at 8192 tokens each, causal
 SPARSE_TIMED = [(64, 1, 128), (128, 2, 128), (64, 1, 64), (64, 2, 32), (64, 1, 16)]   # b, s_q, h_q of --sparse
+SPARSE_READINGS = ("fp8_ds_mla", "fp8_rope_bf16")   # a 656-byte cache's two readings
 
 
 def load_tree(root, name: str):
@@ -132,14 +133,14 @@ def check(cases, parts_list, variants) -> bool:
     return ok
 
 
-def check_and_time_sparse(variants, rounds: int) -> bool:
-    """Each variant's sparse call on SPARSE_TIMED's configs, both readings: its cos_diff against the fp32
+def check_and_time_sparse(variants, rounds: int, readings=SPARSE_READINGS) -> bool:
+    """Each variant's sparse call on SPARSE_TIMED's configs, in each of the readings: its cos_diff against the fp32
     reference, then median µs over alternating rounds and the ratio to the working tree's (one process)."""
     ok, rows = True, []
     for b, s_q, h_q in SPARSE_TIMED:
         p = make_sparse_problem(b, s_q, h_q, SPARSE_TOPK, 4 * SPARSE_TOPK, device="cuda", skipped=0, seed=0)
         ref_out, _ = reference_sparse_mla_decode(p.q, p.kv, p.indices)
-        for kv_format in ("fp8_ds_mla", "fp8_rope_bf16"):
+        for kv_format in readings:
             k_cache = p.quantized(kv_format)["k_cache"]
             calls = {name: v.sparse_call(p, kv_format, k_cache) for name, v in variants.items()}
             label = f"sparse b={b} s_q={s_q} h_q={h_q} {kv_format}"
@@ -215,6 +216,8 @@ def main():
                         help="only run one config (--b, --s-q, --h-q) three times, in this cache format (fp8: e4m3 q)")
     parser.add_argument("--sparse", action="store_true",
                         help="the sparse call: checked and timed (with --trees, A/B), or --profile's config")
+    parser.add_argument("--readings", nargs="+", choices=SPARSE_READINGS, default=SPARSE_READINGS,
+                        help="--sparse's readings of the 656-byte cache")
     args = parser.parse_args()
     here = Variant(fp8mla)
     if args.profile:
@@ -240,7 +243,7 @@ def main():
     variants = {"working tree": here}
     variants.update({Path(root).name: Variant(load_tree(root, f"fp8mla_tree_{i}")) for i, root in enumerate(args.trees)})
     if args.sparse:
-        sys.exit(0 if check_and_time_sparse(variants, args.rounds) else 1)
+        sys.exit(0 if check_and_time_sparse(variants, args.rounds, args.readings) else 1)
     if args.seqlens:
         ok = check([(args.s_q, args.h_q, args.seqlens, True)], [args.parts] if args.parts else [None, 7], variants)
     else:
