@@ -41,6 +41,22 @@ def test_hopper_check_loads_a_tree_whole(tmp_path):
     assert tree.flash_mla_with_kvcache is not hopper_check.fp8mla.flash_mla_with_kvcache
 
 
+@pytest.mark.parametrize("argv,readings", [([], ("fp8_ds_mla", "fp8_rope_bf16")),
+                                           (["--readings", "fp8_ds_mla"], ("fp8_ds_mla",)),
+                                           (["--readings", "fp8_rope_bf16"], ("fp8_rope_bf16",))])
+def test_hopper_check_sparse_ab_times_the_readings_asked_for(argv, readings, monkeypatch):
+    """hopper_check --sparse's A/B checks and times both readings of a 656-byte cache, or --readings' (the A/B
+    itself stubbed: it needs a GPU)."""
+    hopper_check = pytest.importorskip("hopper_check")
+    asked = []
+    monkeypatch.setattr(hopper_check, "check_and_time_sparse",
+                        lambda variants, rounds, readings: asked.append((list(variants), tuple(readings))) or True)
+    monkeypatch.setattr(sys, "argv", ["hopper_check.py", "--sparse", *argv])
+    with pytest.raises(SystemExit) as done:
+        hopper_check.main()
+    assert done.value.code == 0 and asked == [(["working tree"], readings)]
+
+
 @pytest.mark.parametrize("kv_format", ["fp8_ds_mla", "fp8_rope_bf16"])
 def test_hopper_check_profiles_the_sparse_call_as_the_bench_makes_it(kv_format):
     """hopper_check --profile --sparse's call (here on the portable kernel, on the CPU in the interpreter, or any
