@@ -14,9 +14,11 @@ A/B: ``--trees DIR ...`` other source trees whole (``DIR/src/fp8mla``, e.g. a br
 BRANCH src | tar -x -C DIR``), each imported as a package of its own and called through its own API; ``--ablate``
 the working tree's 64-row kernels with stages skipped (kernels/hopper/ablations.py). Each tree is checked like the
 working tree, then everything is timed in alternating rounds on the same inputs (``--rounds``; each call in a CUDA
-graph, so the host's launch cost is not timed), and a table gives each variant's median against the working tree's:
+graph, so the host's launch cost is not timed), and a table gives each variant's median against the working tree's
+(``--timed B,S_Q,H_Q ...`` and ``--paths`` choose the configs and paths timed, for a short device call):
 
     PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --rounds 5
+    PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --seqlens 1000 70 --timed 64,2,64 --paths fp8q
     PYTHONPATH=src python3 scripts/hopper_check.py --ablate [--b 64 --s-q 2 --h-q 64]
 
 ``--sparse`` checks and times the sparse call instead (both readings of a 656-byte cache, or ``--readings``'s;
@@ -50,6 +52,7 @@ PATHS = [("fp8_rope_bf16", False), ("fp8", True), ("bf16", False), ("fp8", False
 CASES = [(1, 16, [200, 0, 77], False), (2, 16, [300, 1000], True), (2, 64, [1000, 64], True),
          (4, 128, [129, 700, 5, 2100], True), (2, 64, [1, 65], True)]
 TIMED = [(64, 2, 64), (128, 1, 16)]   # b, s_q, h_q at 8192 tokens each, causal
+PATH_NAMES = {"fp8_rope_bf16": PATHS[0], "fp8q": PATHS[1], "bf16": PATHS[2], "fp8": PATHS[3]}   # --paths' names
 SPARSE_TIMED = [(64, 1, 128), (128, 2, 128), (64, 1, 64), (64, 2, 32), (64, 1, 16)]   # b, s_q, h_q of --sparse
 SPARSE_READINGS = ("fp8_ds_mla", "fp8_rope_bf16")   # a 656-byte cache's two readings
 
@@ -198,6 +201,12 @@ def print_medians(names, rows) -> None:
               + "".join(f" | {med[n] / base:.3f}" for n in names[1:]) + " |")
 
 
+def config(text: str) -> tuple[int, int, int]:
+    """--timed's "B,S_Q,H_Q"."""
+    b, s_q, h_q = (int(x) for x in text.split(","))
+    return b, s_q, h_q
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -218,6 +227,10 @@ def main():
                         help="the sparse call: checked and timed (with --trees, A/B), or --profile's config")
     parser.add_argument("--readings", nargs="+", choices=SPARSE_READINGS, default=SPARSE_READINGS,
                         help="--sparse's readings of the 656-byte cache")
+    parser.add_argument("--timed", nargs="+", type=config, default=TIMED, metavar="B,S_Q,H_Q",
+                        help="the dense A/B's timed configs (8192 tokens a request, causal)")
+    parser.add_argument("--paths", nargs="+", choices=list(PATH_NAMES), default=["fp8_rope_bf16", "fp8q", "bf16"],
+                        help="the dense A/B's timed paths (fp8q: the fp8 cache with an e4m3 q)")
     args = parser.parse_args()
     here = Variant(fp8mla)
     if args.profile:
@@ -251,7 +264,7 @@ def main():
     if not ok:
         sys.exit(1)
     if not args.no_time:
-        time_variants(variants, args.rounds)
+        time_variants(variants, args.rounds, args.timed, [PATH_NAMES[name] for name in args.paths])
 
 
 if __name__ == "__main__":

@@ -57,6 +57,23 @@ def test_hopper_check_sparse_ab_times_the_readings_asked_for(argv, readings, mon
     assert done.value.code == 0 and asked == [(["working tree"], readings)]
 
 
+@pytest.mark.parametrize("argv,timed,paths", [
+    ([], [(64, 2, 64), (128, 1, 16)], [("fp8_rope_bf16", False), ("fp8", True), ("bf16", False)]),
+    (["--timed", "64,2,64", "--paths", "fp8q", "fp8_rope_bf16"], [(64, 2, 64)], [("fp8", True), ("fp8_rope_bf16", False)]),
+    (["--timed", "8,1,128", "32,2,64", "--paths", "fp8"], [(8, 1, 128), (32, 2, 64)], [("fp8", False)])])
+def test_hopper_check_dense_ab_times_the_configs_and_paths_asked_for(argv, timed, paths, monkeypatch):
+    """hopper_check's dense A/B times its default configs and paths, or --timed's and --paths' (the checks and the
+    timing stubbed: they need a GPU)."""
+    hopper_check = pytest.importorskip("hopper_check")
+    asked = []
+    monkeypatch.setattr(hopper_check, "check", lambda *args: True)
+    monkeypatch.setattr(hopper_check, "time_variants",
+                        lambda variants, rounds, timed, paths: asked.append((list(variants), timed, paths)))
+    monkeypatch.setattr(sys, "argv", ["hopper_check.py", "--rounds", "1", *argv])
+    hopper_check.main()
+    assert asked == [(["working tree"], timed, paths)]
+
+
 @pytest.mark.parametrize("kv_format", ["fp8_ds_mla", "fp8_rope_bf16"])
 def test_hopper_check_profiles_the_sparse_call_as_the_bench_makes_it(kv_format):
     """hopper_check --profile --sparse's call (here on the portable kernel, on the CPU in the interpreter, or any

@@ -2,7 +2,8 @@
 # A/B of experiment trees (.exp/NAME, made by materialize.sh) against the working tree in one process, on the GPU
 # machine from the repository's root; logs under $OUT:
 #   TREES=".exp/ipv" bash docs/history/experiments/ab.sh [TRITON_VERSION] [STEPS...]   # steps: dense sparse tests
-# TREES defaults to every .exp/*/src; DENSE_TREES (the dense A/B's) to TREES. A version other than 3.6.0 needs
+# TREES defaults to every .exp/*/src; DENSE_TREES (the dense A/B's) to TREES; DENSE_ARGS (e.g. "--timed 64,2,64
+# --paths fp8_rope_bf16 fp8q") narrows the dense A/B's timing. A version other than 3.6.0 needs
 # .triton carried (scripts/triton_bundle_env.sh).
 set -u
 OUT=${OUT:-/tmp}
@@ -22,7 +23,7 @@ check() {   # check LOG ARGS...: hopper_check.py's checks and A/B timing, the pa
 echo "== $(date -u +%H:%M:%S) triton $ver trees: $trees steps: $steps"
 for s in $steps; do
   case $s in
-  dense) check dense --trees $dense_trees --seqlens 1000 70 ;;
+  dense) check dense --trees $dense_trees --seqlens 1000 70 ${DENSE_ARGS:-} ;;
   sparse) check sparse --sparse --trees $trees ;;
   tests) for t in $trees; do   # each tree's own GPU tests of the Hopper kernels
       (cd $t && timeout 200 python3 -m pytest -q -x -p no:warnings tests/kernels/test_hopper.py tests/kernels/test_sparse.py -k "not sass" 2>&1 | quiet | tee $OUT/tests_$(basename $t)$tag.log | tail -3)
