@@ -46,15 +46,17 @@ import triton
 
 import fp8mla
 from fp8mla import cal_diff, reference_mla_decode, reference_sparse_mla_decode
+from fp8mla.bench.run import SPARSE_FORMATS as SPARSE_READINGS   # a 656-byte cache's two readings
 from fp8mla.inputs import make_problem, make_sparse_problem
 
-PATHS = [("fp8_rope_bf16", False), ("fp8", True), ("bf16", False), ("fp8", False)]  # (cache format, e4m3 q)
+# (cache format, e4m3 q) by --paths' names (fp8q: the fp8 cache with an e4m3 q); the first three are timed by default
+PATH_NAMES = {"fp8_rope_bf16": ("fp8_rope_bf16", False), "fp8q": ("fp8", True), "bf16": ("bf16", False),
+              "fp8": ("fp8", False)}
+PATHS = list(PATH_NAMES.values())
 CASES = [(1, 16, [200, 0, 77], False), (2, 16, [300, 1000], True), (2, 64, [1000, 64], True),
          (4, 128, [129, 700, 5, 2100], True), (2, 64, [1, 65], True)]
 TIMED = [(64, 2, 64), (128, 1, 16)]   # b, s_q, h_q at 8192 tokens each, causal
-PATH_NAMES = {"fp8_rope_bf16": PATHS[0], "fp8q": PATHS[1], "bf16": PATHS[2], "fp8": PATHS[3]}   # --paths' names
 SPARSE_TIMED = [(64, 1, 128), (128, 2, 128), (64, 1, 64), (64, 2, 32), (64, 1, 16)]   # b, s_q, h_q of --sparse
-SPARSE_READINGS = ("fp8_ds_mla", "fp8_rope_bf16")   # a 656-byte cache's two readings
 
 
 def load_tree(root, name: str):
@@ -177,7 +179,7 @@ def timed_row(calls: dict, rounds: int, label: str) -> tuple[str, dict]:
     return label, medians
 
 
-def time_variants(variants, rounds: int, timed=TIMED, paths=PATHS[:3]) -> None:
+def time_variants(variants, rounds: int, timed, paths) -> None:
     """Median µs of each variant over alternating rounds, and its ratio to the working tree's (one run only)."""
     rows = []
     for b, s_q, h_q in timed:
@@ -229,9 +231,10 @@ def main():
                         help="--sparse's readings of the 656-byte cache")
     parser.add_argument("--timed", nargs="+", type=config, default=TIMED, metavar="B,S_Q,H_Q",
                         help="the dense A/B's timed configs (8192 tokens a request, causal)")
-    parser.add_argument("--paths", nargs="+", choices=list(PATH_NAMES), default=["fp8_rope_bf16", "fp8q", "bf16"],
-                        help="the dense A/B's timed paths (fp8q: the fp8 cache with an e4m3 q)")
+    parser.add_argument("--paths", nargs="+", choices=list(PATH_NAMES), default=list(PATH_NAMES)[:3],
+                        help="the timed paths of the A/B and of --ablate (fp8q: the fp8 cache with an e4m3 q)")
     args = parser.parse_args()
+    paths = [PATH_NAMES[name] for name in args.paths]
     here = Variant(fp8mla)
     if args.profile:
         b, s_q, h_q = args.b, args.s_q, args.h_q
@@ -251,7 +254,7 @@ def main():
         from fp8mla.kernels.hopper.ablations import ABLATIONS
 
         variants = {"kernel": here, **{name: Variant(fp8mla, flags) for name, flags in ABLATIONS.items()}}
-        time_variants(variants, args.rounds, [(args.b, args.s_q, args.h_q)])
+        time_variants(variants, args.rounds, [(args.b, args.s_q, args.h_q)], paths)
         return
     variants = {"working tree": here}
     variants.update({Path(root).name: Variant(load_tree(root, f"fp8mla_tree_{i}")) for i, root in enumerate(args.trees)})
@@ -264,7 +267,7 @@ def main():
     if not ok:
         sys.exit(1)
     if not args.no_time:
-        time_variants(variants, args.rounds, args.timed, [PATH_NAMES[name] for name in args.paths])
+        time_variants(variants, args.rounds, args.timed, paths)
 
 
 if __name__ == "__main__":
