@@ -21,7 +21,6 @@ import time
 
 PATHS = [("fp8", True), ("fp8", False), ("fp8_rope_bf16", False), ("bf16", False)]   # (cache format, e4m3 q)
 SHAPES = [(2, 1, 16), (2, 1, 128), (64, 2, 64)]   # b, s_q, h_q: the small-rows kernel, then the 64-row kernels
-SPARSE_PATHS = ["fp8_ds_mla", "fp8_rope_bf16"]    # the sparse call's readings of a 656-byte cache
 SPARSE_SHAPES = [(1, 1, 128), (64, 1, 16), (64, 1, 128)]   # b, s_q, h_q of sparse calls (topk SPARSE_TOPK)
 SPARSE_TOPK = 2048
 
@@ -98,12 +97,12 @@ def decode_calls(device, b, s_q, h_q):
 def sparse_calls(device, b, s_q, h_q):
     """{path label: a no-argument sparse decode call}, as vLLM's backend makes it (schedule planned by the first)."""
     import fp8mla
-    from fp8mla.bench.run import SOFTMAX_SCALE
+    from fp8mla.bench.run import SOFTMAX_SCALE, SPARSE_FORMATS
     from fp8mla.inputs import make_sparse_problem
 
     p = make_sparse_problem(b, s_q, h_q, SPARSE_TOPK, context=SPARSE_TOPK, device=device, seed=0)
     calls = {}
-    for kv_format in SPARSE_PATHS:
+    for kv_format in SPARSE_FORMATS:
         x = p.quantized(kv_format)
         sched, _ = fp8mla.get_mla_metadata()
         calls[kv_format] = (

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from .api import flash_mla_with_kvcache, get_mla_metadata
+from .formats import TOKEN_SCALED
 from .inputs import GROUP_SCALES, make_problem, make_sparse_problem
 from .bench.metrics import output_error
 from .bench.report import describe, sci
@@ -15,7 +16,7 @@ from .reference import reference_mla_decode, reference_sparse_mla_decode
 S_Q, H_Q, SEQLENS = 2, 16, [300, 77]
 CASES = (("randn", 1.0), ("RoPE ×8", 8.0))
 VARIANTS = (("bf16", False), ("fp8", False), ("fp8", True), ("fp8_rope_bf16", False))  # (format, e4m3 q)
-SPARSE_TOPK, SPARSE_FORMATS = 128, ("fp8_ds_mla", "fp8_rope_bf16")   # the sparse case: indices a query token
+SPARSE_TOPK = 128   # the sparse case: indices a query token
 SPARSE_CASE = f"sparse, topk {SPARSE_TOPK}, groups ×{', ×'.join(f'{g:g}' for g in GROUP_SCALES)}"
 
 
@@ -64,7 +65,7 @@ def _sparse_rows(device, b: int, h_q: int, seed: int, progress) -> list[dict]:
     p = make_sparse_problem(b, 1, h_q, SPARSE_TOPK, device=device, seed=seed)
     ref_out, ref_lse = reference_sparse_mla_decode(p.q, p.kv, p.indices, p.topk_length, p.attn_sink)
     rows = []
-    for kv_format in SPARSE_FORMATS:
+    for kv_format in TOKEN_SCALED:
         row = dict(case=SPARSE_CASE, format=kv_format, q="bf16")
         progress(f"{SPARSE_CASE}: {kv_format} cache")
         schedule, _ = get_mla_metadata()

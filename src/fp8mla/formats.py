@@ -57,7 +57,7 @@ GROUP = 128                  # latent dims per fp8_ds_mla descale
 GROUPS = D_LATENT // GROUP   # descales per row (four fp32 slots at SCALE_OFFSET)
 
 KV_FORMATS = ("bf16", "fp8", "fp8_rope_bf16", "fp8_ds_mla")
-TOKEN_SCALED = ("fp8_rope_bf16", "fp8_ds_mla")   # the 656-byte formats, their descales in each row
+TOKEN_SCALED = ("fp8_ds_mla", "fp8_rope_bf16")   # the 656-byte formats (descales in each row): the sparse call's readings
 _ROW_WIDTH = {"bf16": D_QK, "fp8": D_QK, "fp8_rope_bf16": ROW_BYTES, "fp8_ds_mla": ROW_BYTES}
 _ROW_DTYPE = {"bf16": torch.bfloat16, "fp8": FP8_DTYPE, "fp8_rope_bf16": torch.uint8, "fp8_ds_mla": torch.uint8}
 

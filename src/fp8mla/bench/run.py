@@ -32,7 +32,7 @@ from typing import Callable
 import torch
 
 from ..api import flash_mla_with_kvcache, get_mla_metadata, hopper_available
-from ..formats import D_LATENT, D_QK, KV_FORMATS
+from ..formats import D_LATENT, D_QK, KV_FORMATS, TOKEN_SCALED
 from ..inputs import make_problem, make_seqlens, make_sparse_problem, plant_needles
 from ..kernels import BACKENDS, DECODERS
 from ..reference import reference_mla_decode, reference_sparse_mla_decode
@@ -315,7 +315,7 @@ def cpu_timer(fn: Callable) -> dict:
 
 
 DENSE_FORMATS = ("bf16", "fp8", "fp8_rope_bf16")   # the dense bench's default (fp8_ds_mla is the sparse cache)
-SPARSE_FORMATS = ("fp8_ds_mla", "fp8_rope_bf16")
+SPARSE_FORMATS = TOKEN_SCALED   # the sparse call's readings of a 656-byte cache
 
 
 def takes(backend: str, kv_format: str, sparse: bool) -> bool:
