@@ -15,10 +15,12 @@ BRANCH src | tar -x -C DIR``), each imported as a package of its own and called 
 the working tree's 64-row kernels with stages skipped (kernels/hopper/ablations.py). Each tree is checked like the
 working tree, then everything is timed in alternating rounds on the same inputs (``--rounds``; each call in a CUDA
 graph, so the host's launch cost is not timed), and a table gives each variant's median against the working tree's
-(``--timed B,S_Q,H_Q ...`` and ``--paths`` choose the configs and paths timed, for a short device call):
+(``--timed B,S_Q,H_Q ...`` and ``--paths`` choose the configs and paths timed, ``--check-timed-paths`` checks only
+those paths: for a short device call):
 
     PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --rounds 5
-    PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --seqlens 1000 70 --timed 64,2,64 --paths fp8q
+    PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --seqlens 1000 70 --timed 64,2,64 --paths fp8q \\
+        --check-timed-paths
     PYTHONPATH=src python3 scripts/hopper_check.py --ablate [--b 64 --s-q 2 --h-q 64]
 
 ``--sparse`` checks and times the sparse call instead (both readings of a 656-byte cache, or ``--readings``'s;
@@ -117,13 +119,13 @@ def sparse_call(p, kv_format, backend="hopper", api=fp8mla, k_cache=None):
                                               indices=p.indices, kv_format=kv_format, backend=backend)
 
 
-def check(cases, parts_list, variants) -> bool:
+def check(cases, parts_list, variants, paths=PATHS) -> bool:
     ok = True
     for s_q, h_q, seqlens, causal in cases:
         p = make_problem(len(seqlens), s_q, h_q, seqlens, device="cuda", seed=0, extra_pages=0)
         ref_out, ref_lse = reference_mla_decode(p.q, p.kv, p.block_table, p.cache_seqlens, causal=causal)
         empty = torch.isinf(ref_lse)
-        for kv_format, q_fp8 in PATHS:
+        for kv_format, q_fp8 in paths:
             for parts in parts_list:
                 for name, variant in variants.items():
                     out, lse = variant.decode_call(p, kv_format, q_fp8, causal, parts)()
@@ -233,6 +235,8 @@ def main():
                         help="the dense A/B's timed configs (8192 tokens a request, causal)")
     parser.add_argument("--paths", nargs="+", choices=list(PATH_NAMES), default=list(PATH_NAMES)[:3],
                         help="the timed paths of the A/B and of --ablate (fp8q: the fp8 cache with an e4m3 q)")
+    parser.add_argument("--check-timed-paths", action="store_true",
+                        help="check only --paths' paths (fewer kernels to compile in a short device call)")
     args = parser.parse_args()
     paths = [PATH_NAMES[name] for name in args.paths]
     here = Variant(fp8mla)
@@ -260,10 +264,12 @@ def main():
     variants.update({Path(root).name: Variant(load_tree(root, f"fp8mla_tree_{i}")) for i, root in enumerate(args.trees)})
     if args.sparse:
         sys.exit(0 if check_and_time_sparse(variants, args.rounds, args.readings) else 1)
+    checked = paths if args.check_timed_paths else PATHS
     if args.seqlens:
-        ok = check([(args.s_q, args.h_q, args.seqlens, True)], [args.parts] if args.parts else [None, 7], variants)
+        ok = check([(args.s_q, args.h_q, args.seqlens, True)], [args.parts] if args.parts else [None, 7], variants,
+                   checked)
     else:
-        ok = check(CASES, [None, 7], variants)
+        ok = check(CASES, [None, 7], variants, checked)
     if not ok:
         sys.exit(1)
     if not args.no_time:

@@ -74,6 +74,22 @@ def test_hopper_check_dense_ab_times_the_configs_and_paths_asked_for(argv, timed
     assert asked == [(["working tree"], timed, paths)]
 
 
+@pytest.mark.parametrize("argv,checked", [
+    (["--paths", "bf16"], [("fp8_rope_bf16", False), ("fp8", True), ("bf16", False), ("fp8", False)]),
+    (["--paths", "bf16", "fp8q", "--check-timed-paths"], [("bf16", False), ("fp8", True)]),
+    (["--seqlens", "1000", "70", "--check-timed-paths"], [("fp8_rope_bf16", False), ("fp8", True), ("bf16", False)])])
+def test_hopper_check_checks_every_path_or_the_timed_ones(argv, checked, monkeypatch):
+    """hopper_check's dense A/B checks every path, or with --check-timed-paths only those it times (the checks
+    and the timing stubbed: they need a GPU)."""
+    hopper_check = pytest.importorskip("hopper_check")
+    asked = []
+    monkeypatch.setattr(hopper_check, "check", lambda cases, parts, variants, paths: asked.append(paths) or True)
+    monkeypatch.setattr(hopper_check, "time_variants", lambda *args: None)
+    monkeypatch.setattr(sys, "argv", ["hopper_check.py", "--rounds", "1", *argv])
+    hopper_check.main()
+    assert asked == [checked]
+
+
 @pytest.mark.parametrize("kv_format", ["fp8_ds_mla", "fp8_rope_bf16"])
 def test_hopper_check_profiles_the_sparse_call_as_the_bench_makes_it(kv_format):
     """hopper_check --profile --sparse's call (here on the portable kernel, on the CPU in the interpreter, or any

@@ -3,8 +3,8 @@
 # machine from the repository's root; logs under $OUT:
 #   TREES=".exp/ipv" bash docs/history/experiments/ab.sh [TRITON_VERSION] [STEPS...]   # steps: dense sparse tests
 # TREES defaults to every .exp/*/src; DENSE_TREES (the dense A/B's) to TREES; DENSE_ARGS (e.g. "--timed 64,2,64
-# --paths fp8_rope_bf16 fp8q") narrows the dense A/B's timing. A version other than 3.6.0 needs
-# .triton carried (scripts/triton_bundle_env.sh).
+# --paths fp8_rope_bf16 fp8q", and "--check-timed-paths" to check only those paths) narrows the dense A/B. A version
+# other than 3.6.0 needs .triton carried (scripts/triton_bundle_env.sh).
 set -u
 OUT=${OUT:-/tmp}
 export PYTHONPATH=src PYTHONUNBUFFERED=1
