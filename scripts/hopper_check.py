@@ -119,7 +119,7 @@ def sparse_call(p, kv_format, backend="hopper", api=fp8mla, k_cache=None):
                                               indices=p.indices, kv_format=kv_format, backend=backend)
 
 
-def check(cases, parts_list, variants, paths=PATHS) -> bool:
+def check(cases, parts_list, variants, paths) -> bool:
     ok = True
     for s_q, h_q, seqlens, causal in cases:
         p = make_problem(len(seqlens), s_q, h_q, seqlens, device="cuda", seed=0, extra_pages=0)
@@ -264,13 +264,9 @@ def main():
     variants.update({Path(root).name: Variant(load_tree(root, f"fp8mla_tree_{i}")) for i, root in enumerate(args.trees)})
     if args.sparse:
         sys.exit(0 if check_and_time_sparse(variants, args.rounds, args.readings) else 1)
-    checked = paths if args.check_timed_paths else PATHS
-    if args.seqlens:
-        ok = check([(args.s_q, args.h_q, args.seqlens, True)], [args.parts] if args.parts else [None, 7], variants,
-                   checked)
-    else:
-        ok = check(CASES, [None, 7], variants, checked)
-    if not ok:
+    cases = [(args.s_q, args.h_q, args.seqlens, True)] if args.seqlens else CASES
+    parts_list = [args.parts] if args.seqlens and args.parts else [None, 7]
+    if not check(cases, parts_list, variants, paths if args.check_timed_paths else PATHS):
         sys.exit(1)
     if not args.no_time:
         time_variants(variants, args.rounds, args.timed, paths)

@@ -13,6 +13,15 @@ SCRIPTS = ROOT / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 
+def run_hopper_check(monkeypatch, argv, **stubs):
+    """hopper_check.py's main() on argv, its GPU steps (name: function) replaced by stubs."""
+    hopper_check = pytest.importorskip("hopper_check")
+    for name, stub in stubs.items():
+        monkeypatch.setattr(hopper_check, name, stub)
+    monkeypatch.setattr(sys, "argv", ["hopper_check.py", *argv])
+    hopper_check.main()
+
+
 def test_scripts_are_the_documented_few():
     """At most six tools, each named in the README."""
     tools = sorted(p.name for p in SCRIPTS.iterdir() if p.is_file())
@@ -47,13 +56,10 @@ def test_hopper_check_loads_a_tree_whole(tmp_path):
 def test_hopper_check_sparse_ab_times_the_readings_asked_for(argv, readings, monkeypatch):
     """hopper_check --sparse's A/B checks and times both readings of a 656-byte cache, or --readings' (the A/B
     itself stubbed: it needs a GPU)."""
-    hopper_check = pytest.importorskip("hopper_check")
     asked = []
-    monkeypatch.setattr(hopper_check, "check_and_time_sparse",
-                        lambda variants, rounds, readings: asked.append((list(variants), tuple(readings))) or True)
-    monkeypatch.setattr(sys, "argv", ["hopper_check.py", "--sparse", *argv])
     with pytest.raises(SystemExit) as done:
-        hopper_check.main()
+        run_hopper_check(monkeypatch, ["--sparse", *argv], check_and_time_sparse=lambda variants, rounds, readings:
+                         asked.append((list(variants), tuple(readings))) or True)
     assert done.value.code == 0 and asked == [(["working tree"], readings)]
 
 
@@ -64,13 +70,9 @@ def test_hopper_check_sparse_ab_times_the_readings_asked_for(argv, readings, mon
 def test_hopper_check_dense_ab_times_the_configs_and_paths_asked_for(argv, timed, paths, monkeypatch):
     """hopper_check's dense A/B times its default configs and paths, or --timed's and --paths' (the checks and the
     timing stubbed: they need a GPU)."""
-    hopper_check = pytest.importorskip("hopper_check")
     asked = []
-    monkeypatch.setattr(hopper_check, "check", lambda *args: True)
-    monkeypatch.setattr(hopper_check, "time_variants",
-                        lambda variants, rounds, timed, paths: asked.append((list(variants), timed, paths)))
-    monkeypatch.setattr(sys, "argv", ["hopper_check.py", "--rounds", "1", *argv])
-    hopper_check.main()
+    run_hopper_check(monkeypatch, ["--rounds", "1", *argv], check=lambda *args: True,
+                     time_variants=lambda variants, rounds, timed, paths: asked.append((list(variants), timed, paths)))
     assert asked == [(["working tree"], timed, paths)]
 
 
@@ -81,12 +83,9 @@ def test_hopper_check_dense_ab_times_the_configs_and_paths_asked_for(argv, timed
 def test_hopper_check_checks_every_path_or_the_timed_ones(argv, checked, monkeypatch):
     """hopper_check's dense A/B checks every path, or with --check-timed-paths only those it times (the checks
     and the timing stubbed: they need a GPU)."""
-    hopper_check = pytest.importorskip("hopper_check")
     asked = []
-    monkeypatch.setattr(hopper_check, "check", lambda cases, parts, variants, paths: asked.append(paths) or True)
-    monkeypatch.setattr(hopper_check, "time_variants", lambda *args: None)
-    monkeypatch.setattr(sys, "argv", ["hopper_check.py", "--rounds", "1", *argv])
-    hopper_check.main()
+    run_hopper_check(monkeypatch, ["--rounds", "1", *argv], time_variants=lambda *args: None,
+                     check=lambda cases, parts, variants, paths: asked.append(paths) or True)
     assert asked == [checked]
 
 
