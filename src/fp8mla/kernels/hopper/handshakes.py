@@ -28,6 +28,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 from ..triton_compat import aggregate
+from .ablations import SKIP_P_STORE
 from .ring import FLAG_SMEM, gather_arrivals
 
 P_BUFFERS = gl.constexpr(2)   # P and alpha are double-buffered in the FP8 kernels (but fp8.py's fp8_ds_mla reading)
@@ -57,17 +58,19 @@ class Handoff:
         self.epi_free = epi_free
 
     @gluon.jit
-    def put_p(self, p, group_units, alpha, pt, TOKEN_AXIS: gl.constexpr):
+    def put_p(self, p, group_units, alpha, pt, TOKEN_AXIS: gl.constexpr, ABLATE: gl.constexpr = 0):
         """P position pt's P (to e4m3) and alpha into buffer pt % (its buffers), once the PV warpgroups are done
         with what was there. group_units: () or fp8_ds_mla's token scales of each latent group (a tuple of
         p_groups), for a P a group, p times them (buffer b's group g is self.p[b * p_groups + g]), made one at a
         time (all at once, 32 rows' spill). TOKEN_AXIS: p's token axis (1; 0 for the small-rows kernel's P^T): P
-        is stored [rows, tokens]."""
+        is stored [rows, tokens]. ABLATE: ablations.SKIP_P_STORE leaves a
+        one-tile P unwritten."""
         BUFFERS: gl.constexpr = self.p_ready.shape[0]
         pb = pt % BUFFERS
         mbarrier.wait(self.p_free.index(pb), ((pt // BUFFERS) & 1) ^ 1)
         if len(group_units) == 0:
-            self.p.index(pb).store(_p_tile(p, TOKEN_AXIS))
+            if not ABLATE & SKIP_P_STORE:
+                self.p.index(pb).store(_p_tile(p, TOKEN_AXIS))
         for g in gl.static_range(len(group_units)):
             self.p.index(pb * len(group_units) + g).store(
                 _p_tile(p * gl.expand_dims(group_units[g], 1 - TOKEN_AXIS), TOKEN_AXIS))

@@ -131,7 +131,8 @@ def online_softmax(sc, blk, limits, m_i, l_i, sm_scale_log2, P_LOG2: gl.constexp
 
 
 @gluon.jit
-def hand_p(hand, p, alpha, k_scale, scale_max, v_unit, pt, TOKEN_AXIS: gl.constexpr, KV_FORMAT: gl.constexpr):
+def hand_p(hand, p, alpha, k_scale, scale_max, v_unit, pt, TOKEN_AXIS: gl.constexpr, KV_FORMAT: gl.constexpr,
+           ABLATE: gl.constexpr = 0):
     """A page's P, as e4m3, and the rows' rescale factor to the PV warpgroups (P position pt); returns the V unit
     the page's P is in. p comes in units of 1 / 448; for fp8_rope_bf16 it is times each token's V scale in units of
     the page's largest scale (scale_max), so e4m3 keeps its whole range; fp8 has one unit throughout. fp8_ds_mla
@@ -147,7 +148,7 @@ def hand_p(hand, p, alpha, k_scale, scale_max, v_unit, pt, TOKEN_AXIS: gl.conste
     else:
         page_unit = v_unit
     alpha = alpha * (v_unit / page_unit)
-    hand.put_p(p, group_units, alpha, pt, TOKEN_AXIS)
+    hand.put_p(p, group_units, alpha, pt, TOKEN_AXIS, ABLATE)
     return page_unit
 
 
@@ -187,7 +188,7 @@ def softmax_page(page, blk, limits, state, pt, sm_scale_log2, hand, P_LOG2: gl.c
         p, alpha, m_new = softmax_step(sc, blk, limits, m_i, sm_scale_log2, P_LOG2)
     alpha_lanes = gl.convert_layout(alpha, gl.SliceLayout(1, L_LANES), assert_trivial=True)
     l_lanes = l_lanes * alpha_lanes[:, None] + lane_sums(p, L_LANES)
-    page_unit = hand_p(hand, p, alpha, k_scale, scale_max, v_unit, pt, 1, KV_FORMAT)
+    page_unit = hand_p(hand, p, alpha, k_scale, scale_max, v_unit, pt, 1, KV_FORMAT, ABLATE)
     return m_new, l_lanes, page_unit
 
 
