@@ -8,7 +8,10 @@ SKIP_TRANSPOSE = gl.constexpr(2)   # V^T left as it was: no transposes (fp8.py)
 SKIP_RESCALE = gl.constexpr(4)     # O = O + P.V instead of O * alpha + P.V
 SKIP_REFILLS = gl.constexpr(8)     # the ring's first pages only: each refill completes its slot at once, no bytes
 SKIP_P_STORE = gl.constexpr(16)    # P not written to shared memory (its hand-off's barriers and alpha kept; fp8.py)
+HALF_LOADS = gl.constexpr(32)      # bf16.py: row block r loads only latent groups 2r, 2r + 1 (and the RoPE part) of
+                                   # each page, the others complete at once: a request's pair of row blocks reads
+                                   # each page about once, as one TMA multicast a pair would
 
 # what hopper_check --ablate times: the skeleton is the ring, the wgmmas and the hand-offs alone
 ABLATIONS = {"no softmax math": 1, "no transposes": 2, "no rescale": 4, "skeleton": 7, "no refills": 8,
-             "skeleton without refills": 15, "no P store": 16}
+             "skeleton without refills": 15, "no P store": 16, "half loads": 32}

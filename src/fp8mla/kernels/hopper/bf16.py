@@ -21,7 +21,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..constants import D_LATENT, D_ROPE, METADATA_WIDTH, PAGE_SIZE
 from ..triton_compat import reinterpret, tma_load
-from .ablations import SKIP_REFILLS, SKIP_RESCALE, SKIP_SOFTMAX
+from .ablations import HALF_LOADS, SKIP_REFILLS, SKIP_RESCALE, SKIP_SOFTMAX
 from .epilogue import pv_epilogue
 from .handshakes import Handoff
 from .layouts import (BLOCK_M, HALF, LAT_BF16_SMEM, LEFT, O_ACC_BF16, PV_REGS, RIGHT, ROPE_BF16_SMEM, S_BF16,
@@ -48,7 +48,7 @@ def _group_ready(kv_ready, s, group):
 
 
 @gluon.jit
-def _load_page(descs, table, ring, page, pos):
+def _load_page(descs, table, ring, page, pos, ABLATE: gl.constexpr = 0):
     """TMA the block-table entry `page` into ring position pos, once the page before it there is released: its
     latent part in 128-column groups, each signalling its own barrier (ready[slot, group]), then its RoPE part.
     ring: (latent boxes, RoPE tiles, ready, empty, bad-page flags: ring.py)."""
@@ -61,10 +61,17 @@ def _load_page(descs, table, ring, page, pos):
     BOXES: gl.constexpr = K_GROUP // K_BOX
     for g in gl.static_range(N_GROUPS):
         ready = _group_ready(kv_ready, s, g)
-        mbarrier.expect(ready, BOXES * lat_desc.block_type.nbytes)
-        for b in gl.static_range(BOXES):
-            box = g * BOXES + b
-            tma_load(lat_desc, [page * PAGE_SIZE, box * K_BOX], ready, k_boxes.index(s * N_BOXES + box))
+        if ABLATE & HALF_LOADS:
+            mine = g // 2 == gl.program_id(1) % 2
+        else:
+            mine = True
+        if mine:
+            mbarrier.expect(ready, BOXES * lat_desc.block_type.nbytes)
+            for b in gl.static_range(BOXES):
+                box = g * BOXES + b
+                tma_load(lat_desc, [page * PAGE_SIZE, box * K_BOX], ready, k_boxes.index(s * N_BOXES + box))
+        else:
+            mbarrier.arrive(ready)
     ready = _group_ready(kv_ready, s, N_GROUPS)
     mbarrier.expect(ready, rope_desc.block_type.nbytes)
     tma_load(rope_desc, [page * PAGE_SIZE, 0], ready, k_rope.index(s))
@@ -172,7 +179,7 @@ def _pv_wg(descs, table, shape, sched, outs, ring, hand, WG: gl.constexpr, ABLAT
         load_cursor, load_page = load_cursor_start(part, table)
         loaded = 0
         while (loaded < STAGES) & load_cursor[2]:  # not unrolled (see fp8.py)
-            _load_page(descs, table, load_ring, load_page, loaded)
+            _load_page(descs, table, load_ring, load_page, loaded, ABLATE)
             loaded += 1
             load_cursor, load_page = load_cursor_step(part, table, load_cursor)
     it = 0
@@ -202,7 +209,7 @@ def _pv_wg(descs, table, shape, sched, outs, ring, hand, WG: gl.constexpr, ABLAT
                         if ABLATE & SKIP_REFILLS:
                             _fake_load(load_ring, loaded)
                         else:
-                            _load_page(descs, table, load_ring, load_page, loaded)
+                            _load_page(descs, table, load_ring, load_page, loaded, ABLATE)
                         loaded += 1
                         load_cursor, load_page = load_cursor_step(part, table, load_cursor)
 
