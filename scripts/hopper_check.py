@@ -12,16 +12,17 @@ case instead of the default ones:
 
 A/B: ``--trees DIR ...`` other source trees whole (``DIR/src/fp8mla``, e.g. a branch materialized by ``git archive
 BRANCH src | tar -x -C DIR``), each imported as a package of its own and called through its own API; ``--ablate``
-the working tree's 64-row kernels with stages skipped (kernels/hopper/ablations.py). Each tree is checked like the
-working tree, then everything is timed in alternating rounds on the same inputs (``--rounds``; each call in a CUDA
-graph, so the host's launch cost is not timed), and a table gives each variant's median against the working tree's
-(``--timed B,S_Q,H_Q ...`` and ``--paths`` choose the configs and paths timed, ``--check-timed-paths`` checks only
-those paths: for a short device call):
+the working tree's 64-row kernels with stages skipped (kernels/hopper/ablations.py: every ABLATIONS entry, or those
+named). Each tree is checked like the working tree, then everything is timed in alternating rounds on the same
+inputs (``--rounds``; each call in a CUDA graph, so the host's launch cost is not timed), and a table gives each
+variant's median against the working tree's (``--timed B,S_Q,H_Q ...`` and ``--paths`` choose the configs and paths
+timed, ``--check-timed-paths`` checks only those paths: for a short device call):
 
     PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --rounds 5
     PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --seqlens 1000 70 --timed 64,2,64 --paths fp8q \\
         --check-timed-paths
     PYTHONPATH=src python3 scripts/hopper_check.py --ablate [--b 64 --s-q 2 --h-q 64]
+    PYTHONPATH=src python3 scripts/hopper_check.py --ablate "half loads" "no refills" --paths bf16
 
 ``--sparse`` checks and times the sparse call instead (both readings of a 656-byte cache, or ``--readings``'s;
 SPARSE_TIMED's configs, topk 2048 of 8192 tokens as the bench draws them), with ``--trees`` as an A/B in one process:
@@ -221,8 +222,9 @@ def main():
     parser.add_argument("--h-q", type=int, default=TIMED[0][2], help="query heads, likewise")
     parser.add_argument("--parts", type=int, help="split-KV parts for the one case (default: None and 7)")
     parser.add_argument("--trees", nargs="+", default=[], help="other source trees (DIR/src/fp8mla) to check and time")
-    parser.add_argument("--ablate", action="store_true",
-                        help="time the 64-row kernels with stages skipped (no check: their results are wrong)")
+    parser.add_argument("--ablate", nargs="*", metavar="NAME",
+                        help="time the 64-row kernels with stages skipped (no check: their results are wrong): "
+                             "those of kernels/hopper/ablations.py's ABLATIONS named, or all")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
     parser.add_argument("--profile", nargs="?", const="fp8_rope_bf16",
                         choices=["fp8_rope_bf16", "fp8", "bf16", "fp8_ds_mla"],
@@ -254,10 +256,14 @@ def main():
             call()
         torch.cuda.synchronize()
         return
-    if args.ablate:
+    if args.ablate is not None:
         from fp8mla.kernels.hopper.ablations import ABLATIONS
 
-        variants = {"kernel": here, **{name: Variant(fp8mla, flags) for name, flags in ABLATIONS.items()}}
+        unknown = set(args.ablate) - set(ABLATIONS)
+        if unknown:
+            parser.error(f"--ablate: no ablation {sorted(unknown)}; there are {list(ABLATIONS)}")
+        variants = {"kernel": here, **{name: Variant(fp8mla, flags) for name, flags in ABLATIONS.items()
+                                       if name in args.ablate or not args.ablate}}
         time_variants(variants, args.rounds, [(args.b, args.s_q, args.h_q)], paths)
         return
     variants = {"working tree": here}

@@ -89,6 +89,22 @@ def test_hopper_check_checks_every_path_or_the_timed_ones(argv, checked, monkeyp
     assert asked == [checked]
 
 
+@pytest.mark.parametrize("argv", [[], ["no P store", "no refills"]])
+def test_hopper_check_ablates_every_stage_or_those_named(argv, monkeypatch):
+    """hopper_check --ablate times the kernel beside each of ablations.ABLATIONS, or beside those it names; an
+    unknown name is refused (the timing stubbed: it needs a GPU)."""
+    pytest.importorskip("triton.experimental.gluon")
+    from fp8mla.kernels.hopper.ablations import ABLATIONS
+
+    asked = []
+    run_hopper_check(monkeypatch, ["--ablate", *argv, "--rounds", "1"],
+                     time_variants=lambda variants, *args: asked.append(list(variants)))
+    assert asked == [["kernel", *(name for name in ABLATIONS if name in argv or not argv)]]
+    assert len(asked[0]) == 1 + (len(argv) or len(ABLATIONS))
+    with pytest.raises(SystemExit):
+        run_hopper_check(monkeypatch, ["--ablate", "no such stage"], time_variants=lambda *args: None)
+
+
 @pytest.mark.parametrize("kv_format", ["fp8_ds_mla", "fp8_rope_bf16"])
 def test_hopper_check_profiles_the_sparse_call_as_the_bench_makes_it(kv_format):
     """hopper_check --profile --sparse's call (here on the portable kernel, on the CPU in the interpreter, or any

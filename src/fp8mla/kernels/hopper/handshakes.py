@@ -63,8 +63,7 @@ class Handoff:
         with what was there. group_units: () or fp8_ds_mla's token scales of each latent group (a tuple of
         p_groups), for a P a group, p times them (buffer b's group g is self.p[b * p_groups + g]), made one at a
         time (all at once, 32 rows' spill). TOKEN_AXIS: p's token axis (1; 0 for the small-rows kernel's P^T): P
-        is stored [rows, tokens]. ABLATE: ablations.SKIP_P_STORE leaves a
-        one-tile P unwritten."""
+        is stored [rows, tokens]. ABLATE: ablations.SKIP_P_STORE leaves a one-tile P unwritten."""
         BUFFERS: gl.constexpr = self.p_ready.shape[0]
         pb = pt % BUFFERS
         mbarrier.wait(self.p_free.index(pb), ((pt // BUFFERS) & 1) ^ 1)
