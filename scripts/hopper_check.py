@@ -51,6 +51,7 @@ import fp8mla
 from fp8mla import cal_diff, reference_mla_decode, reference_sparse_mla_decode
 from fp8mla.bench.run import SPARSE_FORMATS as SPARSE_READINGS   # a 656-byte cache's two readings
 from fp8mla.inputs import make_problem, make_sparse_problem
+from fp8mla.kernels.hopper.ablations import ABLATIONS
 
 # (cache format, e4m3 q) by --paths' names (fp8q: the fp8 cache with an e4m3 q); the first three are timed by default
 PATH_NAMES = {"fp8_rope_bf16": ("fp8_rope_bf16", False), "fp8q": ("fp8", True), "bf16": ("bf16", False),
@@ -222,7 +223,7 @@ def main():
     parser.add_argument("--h-q", type=int, default=TIMED[0][2], help="query heads, likewise")
     parser.add_argument("--parts", type=int, help="split-KV parts for the one case (default: None and 7)")
     parser.add_argument("--trees", nargs="+", default=[], help="other source trees (DIR/src/fp8mla) to check and time")
-    parser.add_argument("--ablate", nargs="*", metavar="NAME",
+    parser.add_argument("--ablate", nargs="*", metavar="NAME", choices=list(ABLATIONS),
                         help="time the 64-row kernels with stages skipped (no check: their results are wrong): "
                              "those of kernels/hopper/ablations.py's ABLATIONS named, or all")
     parser.add_argument("--rounds", type=int, default=3, help="alternating timing rounds")
@@ -257,11 +258,6 @@ def main():
         torch.cuda.synchronize()
         return
     if args.ablate is not None:
-        from fp8mla.kernels.hopper.ablations import ABLATIONS
-
-        unknown = set(args.ablate) - set(ABLATIONS)
-        if unknown:
-            parser.error(f"--ablate: no ablation {sorted(unknown)}; there are {list(ABLATIONS)}")
         variants = {"kernel": here, **{name: Variant(fp8mla, flags) for name, flags in ABLATIONS.items()
                                        if name in args.ablate or not args.ablate}}
         time_variants(variants, args.rounds, [(args.b, args.s_q, args.h_q)], paths)

@@ -12,7 +12,6 @@ HALF_LOADS = gl.constexpr(32)      # bf16.py: row block r loads only latent grou
                                    # each page, the others complete at once: a request's pair of row blocks reads
                                    # each page about once, as one TMA multicast a pair would
 
-# what hopper_check --ablate times (all, or those it names): the skeleton is the ring, the wgmmas and the hand-offs
-# alone
+# what hopper_check --ablate times (all, or those named); the skeleton: the ring, the wgmmas and the hand-offs alone
 ABLATIONS = {"no softmax math": 1, "no transposes": 2, "no rescale": 4, "skeleton": 7, "no refills": 8,
              "skeleton without refills": 15, "no P store": 16, "half loads": 32}
