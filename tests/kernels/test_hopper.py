@@ -54,7 +54,7 @@ def test_sass_64_row_group_reading(hopper_sass):
 
 def test_sass_64_row_group_reading_spills_only_where_unselected(hopper_sass):
     """The 64-row fp8_ds_mla reading is chosen (its Decoder's min_triton) only on the releases that compile it with
-    a few spilled values (Triton 3.9: 48 bytes); 3.6's hundreds of bytes made it slower than the 32-row CTAs it would
+    a few spilled values (Triton 3.9: 24 bytes); 3.6's hundreds of bytes made it slower than the 32-row CTAs it would
     replace. Fails either way the compile moves: then the table is to move with it."""
     r = hopper_sass["hopper_sparse[fp8_ds_mla]"]
     chosen = decoder_for("hopper", "fp8_ds_mla", 128, gather=True).name == "hopper_sparse"

@@ -61,6 +61,9 @@ SCALE_LOAD = gl.constexpr(gl.DistributedLinearLayout(reg_bases=[_d(0), _d(1), _t
 # accumulators (docs/design.md)
 GATHER_PV_REGS = gl.constexpr(160)
 GATHER_ISSUER_REGS = gl.constexpr(32)
+# fp8_ds_mla's reading (group scales on both products) takes 8 of the issuer's registers a PV thread
+DS_PV_REGS = gl.constexpr(168)
+DS_ISSUER_REGS = gl.constexpr(24)
 O_HALF = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 128, 32]))
 # The rows' running sums of P per lane [64 rows, ROW_LANES]: the lanes that hold a row in S_FP8 (token bits 1-2)
 # each sum the 16 tokens they hold; their sums meet once, at the request's end, instead of by shuffles every page
@@ -378,7 +381,8 @@ def mla_decode_hopper_kernel(
                       (fac_right, group_table, table_ready), RIGHT, Q_SOURCE, ABLATE, GATHER, GROUPED)),
             (fill_ring, (sched, table, descs, (kv_ptr, num_pages * PAGE_SIZE), sparse, ring, KV_FORMAT, GATHER,
                         HAS_TOPK_LENGTH)),
-        ], [4, 4, GATHER_WARPS], [GATHER_PV_REGS, GATHER_PV_REGS, GATHER_ISSUER_REGS])
+        ], [4, 4, GATHER_WARPS], [DS_PV_REGS, DS_PV_REGS, DS_ISSUER_REGS] if KV_FORMAT == FP8_DS_MLA else
+           [GATHER_PV_REGS, GATHER_PV_REGS, GATHER_ISSUER_REGS])
     else:
         gl.warp_specialize([
             (_softmax_wg, (query, (H, S_Q, R), sched, table, (lse_ptr, lse_part_ptr), descs, sparse,
