@@ -13,7 +13,7 @@ case instead of the default ones:
 A/B: ``--trees DIR ...`` other source trees whole (``DIR/src/fp8mla``, e.g. a branch materialized by ``git archive
 BRANCH src | tar -x -C DIR``), each imported as a package of its own and called through its own API; ``--ablate``
 the working tree's 64-row kernels with stages skipped (kernels/hopper/ablations.py: every ABLATIONS entry, or those
-named). Each tree is checked like the working tree, then everything is timed in alternating rounds on the same
+named, each on the paths whose kernel implements it). Each tree is checked like the working tree, then everything is timed in alternating rounds on the same
 inputs (``--rounds``; each call in a CUDA graph, so the host's launch cost is not timed), and a table gives each
 variant's median against the working tree's (``--timed B,S_Q,H_Q ...`` and ``--paths`` choose the configs and paths
 timed, ``--check-timed-paths`` checks only those paths: for a short device call):
@@ -51,7 +51,7 @@ import fp8mla
 from fp8mla import cal_diff, reference_mla_decode, reference_sparse_mla_decode
 from fp8mla.bench.run import SPARSE_FORMATS as SPARSE_READINGS   # a 656-byte cache's two readings
 from fp8mla.inputs import make_problem, make_sparse_problem
-from fp8mla.kernels.hopper.ablations import ABLATIONS
+from fp8mla.kernels.hopper.ablations import ABLATIONS, BF16_FLAGS, FP8_FLAGS
 
 # (cache format, e4m3 q) by --paths' names (fp8q: the fp8 cache with an e4m3 q); the first three are timed by default
 PATH_NAMES = {"fp8_rope_bf16": ("fp8_rope_bf16", False), "fp8q": ("fp8", True), "bf16": ("bf16", False),
@@ -183,13 +183,22 @@ def timed_row(calls: dict, rounds: int, label: str) -> tuple[str, dict]:
     return label, medians
 
 
+def variants_for(variants: dict, kv_format: str) -> dict:
+    """The variants that change the kernel of a cache format: an ablation none of whose flags that kernel implements
+    (ablations.FP8_FLAGS, BF16_FLAGS) would time it unchanged."""
+    implemented = (BF16_FLAGS if kv_format == "bf16" else FP8_FLAGS).value
+    return {name: v for name, v in variants.items() if not v.ablate or v.ablate & implemented}
+
+
 def time_variants(variants, rounds: int, timed, paths) -> None:
-    """Median µs of each variant over alternating rounds, and its ratio to the working tree's (one run only)."""
+    """Median µs of each variant over alternating rounds, and its ratio to the working tree's (one run only); an
+    ablation a path's kernel does not implement is not timed there."""
     rows = []
     for b, s_q, h_q in timed:
         p = make_problem(b, s_q, h_q, [8192] * b, device="cuda", seed=0)
         for kv_format, q_fp8 in paths:
-            calls = {name: v.decode_call(p, kv_format, q_fp8, True) for name, v in variants.items()}
+            calls = {name: v.decode_call(p, kv_format, q_fp8, True)
+                     for name, v in variants_for(variants, kv_format).items()}
             for call in calls.values():
                 call()
             label = f"b={b} s_q={s_q} h_q={h_q} {kv_format}{' (e4m3 q)' if q_fp8 else ''}"
@@ -201,10 +210,10 @@ def print_medians(names, rows) -> None:
     """The table of (config label, {variant: median µs}) rows, each variant's ratio to the first's."""
     print("\n| config | " + " | ".join(f"{n} µs" for n in names) + "".join(f" | {n} / working tree" for n in names[1:])
           + " |\n|---" + "|---" * (2 * len(names) - 1) + "|")
-    for label, med in rows:
+    for label, med in rows:   # (a variant not timed for a row: -)
         base = med[names[0]]
-        print(f"| {label} | " + " | ".join(f"{med[n]:.1f}" for n in names)
-              + "".join(f" | {med[n] / base:.3f}" for n in names[1:]) + " |")
+        print(f"| {label} | " + " | ".join(f"{med[n]:.1f}" if n in med else "-" for n in names)
+              + "".join(f" | {med[n] / base:.3f}" if n in med else " | -" for n in names[1:]) + " |")
 
 
 def config(text: str) -> tuple[int, int, int]:

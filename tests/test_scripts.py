@@ -105,6 +105,27 @@ def test_hopper_check_ablates_every_stage_or_those_named(argv, monkeypatch):
         run_hopper_check(monkeypatch, ["--ablate", "no such stage"], time_variants=lambda *args: None)
 
 
+def test_hopper_check_times_an_ablation_only_on_the_kernels_it_changes():
+    """hopper_check --ablate times a flag only on the paths whose kernel implements it ("no transposes" and "no P
+    store" are fp8.py's, "half loads" bf16.py's; the skeleton's other flags are both's), and its table marks the
+    rest."""
+    hopper_check = pytest.importorskip("hopper_check")
+    from fp8mla.kernels.hopper.ablations import ABLATIONS
+
+    variants = {"kernel": hopper_check.Variant(None), **{n: hopper_check.Variant(None, f) for n, f in ABLATIONS.items()}}
+    fp8_only, bf16_only = {"no transposes", "no P store"}, {"half loads"}
+    assert set(hopper_check.variants_for(variants, "bf16")) == set(variants) - fp8_only
+    for kv_format in ("fp8", "fp8_rope_bf16"):
+        assert set(hopper_check.variants_for(variants, kv_format)) == set(variants) - bf16_only
+
+
+def test_hopper_check_table_marks_variants_not_timed(capsys):
+    hopper_check = pytest.importorskip("hopper_check")
+    hopper_check.print_medians(["kernel", "a", "b"], [("x", {"kernel": 10.0, "a": 5.0}), ("y", {"kernel": 4.0, "b": 2.0})])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2:] == ["| x | 10.0 | 5.0 | - | 0.500 | - |", "| y | 4.0 | - | 2.0 | - | 0.500 |"]
+
+
 @pytest.mark.parametrize("kv_format", ["fp8_ds_mla", "fp8_rope_bf16"])
 def test_hopper_check_profiles_the_sparse_call_as_the_bench_makes_it(kv_format):
     """hopper_check --profile --sparse's call (here on the portable kernel, on the CPU in the interpreter, or any

@@ -12,6 +12,10 @@ HALF_LOADS = gl.constexpr(32)      # bf16.py: row block r loads only latent grou
                                    # each page, the others complete at once: a request's pair of row blocks reads
                                    # each page about once, as one TMA multicast a pair would
 
+# the flags each kernel implements (any other leaves it as it is: hopper_check --ablate does not time it there)
+FP8_FLAGS = gl.constexpr(SKIP_SOFTMAX | SKIP_TRANSPOSE | SKIP_RESCALE | SKIP_REFILLS | SKIP_P_STORE)
+BF16_FLAGS = gl.constexpr(SKIP_SOFTMAX | SKIP_RESCALE | SKIP_REFILLS | HALF_LOADS)
+
 # what hopper_check --ablate times (all, or those named); the skeleton: the ring, the wgmmas and the hand-offs alone
 ABLATIONS = {"no softmax math": 1, "no transposes": 2, "no rescale": 4, "skeleton": 7, "no refills": 8,
              "skeleton without refills": 15, "no P store": 16, "half loads": 32}
