@@ -13,10 +13,11 @@ case instead of the default ones:
 A/B: ``--trees DIR ...`` other source trees whole (``DIR/src/fp8mla``, e.g. a branch materialized by ``git archive
 BRANCH src | tar -x -C DIR``), each imported as a package of its own and called through its own API; ``--ablate``
 the working tree's 64-row kernels with stages skipped (kernels/hopper/ablations.py: every ABLATIONS entry, or those
-named, each on the paths whose kernel implements it). Each tree is checked like the working tree, then everything is timed in alternating rounds on the same
-inputs (``--rounds``; each call in a CUDA graph, so the host's launch cost is not timed), and a table gives each
-variant's median against the working tree's (``--timed B,S_Q,H_Q ...`` and ``--paths`` choose the configs and paths
-timed, ``--check-timed-paths`` checks only those paths: for a short device call):
+named, each on the paths whose kernel implements it). Each tree is checked like the working tree, then everything
+is timed in alternating rounds on the same inputs (``--rounds``; each call in a CUDA graph, so the host's launch
+cost is not timed), and a table gives each variant's median against the working tree's (``--timed B,S_Q,H_Q ...``
+and ``--paths`` choose the configs and paths timed, ``--check-timed-paths`` checks only those paths: for a short
+device call):
 
     PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --rounds 5
     PYTHONPATH=src python3 scripts/hopper_check.py --trees ab/next --seqlens 1000 70 --timed 64,2,64 --paths fp8q \\
@@ -186,7 +187,7 @@ def timed_row(calls: dict, rounds: int, label: str) -> tuple[str, dict]:
 def variants_for(variants: dict, kv_format: str) -> dict:
     """The variants that change the kernel of a cache format: an ablation none of whose flags that kernel implements
     (ablations.FP8_FLAGS, BF16_FLAGS) would time it unchanged."""
-    implemented = (BF16_FLAGS if kv_format == "bf16" else FP8_FLAGS).value
+    implemented = BF16_FLAGS if kv_format == "bf16" else FP8_FLAGS
     return {name: v for name, v in variants.items() if not v.ablate or v.ablate & implemented}
 
 
